@@ -1,0 +1,235 @@
+"""Forward + backward time and peak memory of every loss, beside F.cross_entropy, in one run.
+
+Usage::
+
+    python benchmarks/losses.py                     # [32768, 1000] float32 on the CPU
+    python benchmarks/losses.py --rows 4096 --classes 100 --repeats 3
+    python benchmarks/losses.py --markdown          # the README table
+
+Times are the median of ``--repeats`` timed calls after one warm-up, the candidates run in
+turn within each repetition so that drift of the machine hits them alike. Peak memory is
+measured for each candidate in a fresh process: the resident-set high-water mark of one
+forward + backward (reset just before it), less the resident set at that moment (inputs already
+allocated; the gradient of the logits counts, for every candidate alike). Every
+ratio is to ``F.cross_entropy`` measured in the same run. kornia's and torchvision's focal
+losses are included when those packages import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lightning_losses import functional as LF
+
+Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _family_cases() -> dict[str, tuple[str, Case]]:
+    return {
+        "F.cross_entropy": ("index", lambda x, t, y: F.cross_entropy(x, t)),
+        "cross_entropy": ("index", lambda x, t, y: LF.cross_entropy(x, t)),
+        "gamma_cross_entropy(0.5)": (
+            "index",
+            lambda x, t, y: LF.gamma_cross_entropy(x, t, gamma=0.5),
+        ),
+        "gamma_cross_entropy(0.5, b=0.2)": (
+            "index",
+            lambda x, t, y: LF.gamma_cross_entropy(x, t, gamma=0.5, threshold=0.2),
+        ),
+        "soft_accuracy_loss": ("index", lambda x, t, y: LF.soft_accuracy_loss(x, t)),
+        "focal_loss(2)": ("index", lambda x, t, y: LF.focal_loss(x, t, gamma=2.0)),
+        "focal_loss(0.5)": ("index", lambda x, t, y: LF.focal_loss(x, t, gamma=0.5)),
+        "adaptive_focal_loss": ("index", lambda x, t, y: LF.adaptive_focal_loss(x, t)),
+        "hard_truncated_loss": ("index", lambda x, t, y: LF.hard_truncated_loss(x, t)),
+    }
+
+
+def _other_cases() -> dict[str, tuple[str, Case]]:
+    def nm(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, variant: str) -> torch.Tensor:
+        m = 3
+        n = x.shape[1] // m
+        s = x[:, : n * m].reshape(x.shape[0], n, m)
+        return LF.nm_categorical_crossentropy(s, t[:, None].expand(-1, n) % m, variant=variant)
+
+    return {
+        "soft_truncated_loss": ("index", lambda x, t, y: LF.soft_truncated_loss(x, t)),
+        "exact_loss (32 nodes)": ("index", lambda x, t, y: LF.exact_loss(x, t)),
+        "binary_focal_loss": ("binary", lambda x, t, y: LF.binary_focal_loss(x, y)),
+        "binary_soft_truncated_loss": (
+            "binary",
+            lambda x, t, y: LF.binary_soft_truncated_loss(x, y),
+        ),
+        "binary_hard_truncated_loss": (
+            "binary",
+            lambda x, t, y: LF.binary_hard_truncated_loss(x, y),
+        ),
+        "multilabel_categorical_ce": (
+            "binary",
+            lambda x, t, y: LF.multilabel_categorical_crossentropy(x, y),
+        ),
+        "nm_categorical_ce (m=3, pairwise)": ("index", lambda x, t, y: nm(x, t, y, "pairwise")),
+        "nm_categorical_ce (m=3, centered)": ("index", lambda x, t, y: nm(x, t, y, "centered")),
+    }
+
+
+def _peer_cases() -> dict[str, tuple[str, Case]]:
+    cases: dict[str, tuple[str, Case]] = {}
+    try:
+        import kornia.losses as kl
+
+        cases["kornia focal_loss(2)"] = (
+            "index",
+            lambda x, t, y: kl.focal_loss(x, t, alpha=None, gamma=2.0, reduction="mean"),
+        )
+        cases["kornia binary_focal_loss_with_logits"] = (
+            "binary",
+            lambda x, t, y: kl.binary_focal_loss_with_logits(
+                x, y, alpha=None, gamma=2.0, reduction="mean"
+            ),
+        )
+    except Exception:  # kornia is optional: the table says which peers ran
+        pass
+    try:
+        from torchvision.ops import sigmoid_focal_loss
+
+        cases["torchvision sigmoid_focal_loss"] = (
+            "binary",
+            lambda x, t, y: sigmoid_focal_loss(x, y, reduction="mean"),
+        )
+    except Exception:  # torchvision is optional and does not import beside every torch build
+        pass
+    return cases
+
+
+def all_cases() -> dict[str, tuple[str, Case]]:
+    return {**_family_cases(), **_peer_cases(), **_other_cases()}
+
+
+FAMILY = set(_family_cases()) - {"F.cross_entropy"}
+
+
+def make_inputs(rows: int, classes: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = (2 * torch.randn(rows, classes, generator=generator)).requires_grad_()
+    t = torch.randint(0, classes, (rows,), generator=generator)
+    y = (torch.rand(rows, classes, generator=generator) < 0.01).float()
+    return x, t, y
+
+
+def run_once(case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> float:
+    x.grad = None
+    start = time.perf_counter()
+    case(x, t, y).backward()
+    return time.perf_counter() - start
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    """Reset the resident high-water mark (Linux: writing 5 to clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def measure_memory(name: str, rows: int, classes: int) -> None:
+    """Child process: print the peak extra resident memory of one forward + backward."""
+    _, case = all_cases()[name]
+    x, t, y = make_inputs(rows, classes)
+    _reset_peak()
+    before = _status_bytes("VmRSS")
+    case(x, t, y).backward()
+    peak = _status_bytes("VmHWM")
+    print(json.dumps({"extra_bytes": max(peak - before, 0)}))
+
+
+def peak_memory(name: str, rows: int, classes: int) -> float:
+    command = [sys.executable, __file__, "--memory-of", name]
+    command += ["--rows", str(rows), "--classes", str(classes)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=32768)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--slow-repeats", type=int, default=1, help="repeats for EXACT")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_of:
+        measure_memory(args.memory_of, args.rows, args.classes)
+        return
+
+    cases = all_cases()
+    x, t, y = make_inputs(args.rows, args.classes)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _, case in cases.values():
+        run_once(case, x, t, y)  # warm-up
+    for repeat in range(args.repeats):
+        for name, (_, case) in cases.items():
+            if "exact" in name and repeat >= args.slow_repeats:
+                continue
+            times[name].append(run_once(case, x, t, y))
+    median = {name: statistics.median(values) for name, values in times.items()}
+    memory = {}
+    if not args.no_memory:
+        memory = {name: peak_memory(name, args.rows, args.classes) for name in cases}
+
+    base_time = median["F.cross_entropy"]
+    base_memory = memory.get("F.cross_entropy")
+    threads = torch.get_num_threads()
+    title = (
+        f"forward+backward, logits [{args.rows}, {args.classes}] float32, CPU "
+        f"({threads} threads), torch {torch.__version__}; median of {args.repeats}"
+    )
+    header = ["loss", "ms", "time / F.cross_entropy", "peak MiB", "memory / F.cross_entropy"]
+    rows = []
+    for name in cases:
+        mem = memory.get(name)
+        mem_text = "" if mem is None else f"{mem:.0f}"
+        mem_ratio = "" if mem is None or not base_memory else f"{mem / base_memory:.2f}x"
+        mark = " *" if name in FAMILY else ""
+        rows.append(
+            [
+                name + mark,
+                f"{1000 * median[name]:.1f}",
+                f"{median[name] / base_time:.2f}x",
+                mem_text,
+                mem_ratio,
+            ]
+        )
+    if args.markdown:
+        print(f"{title}. `*`: target-probability family (target: within 1.10x).\n")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        print(title + "   (* target-probability family, target <= 1.10x)")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    worst = max(median[name] / base_time for name in FAMILY)
+    print(f"\nslowest family member: {worst:.3f}x F.cross_entropy")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""

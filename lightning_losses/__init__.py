@@ -1,0 +1,48 @@
+"""lightning-losses: classification losses against overconfidence and class imbalance.
+
+``import lightning_losses`` stays light: it imports torch only. MLflow, netcal and matplotlib
+are imported by the modules that use them.
+"""
+
+from .heads import NormFaceHead
+from .losses import (
+    AdaptiveFocalLoss,
+    BinaryFocalLoss,
+    BinaryHardTruncatedLoss,
+    BinarySoftTruncatedLoss,
+    CrossEntropyLoss,
+    EXACTLoss,
+    FocalLoss,
+    FunctionalLoss,
+    GammaCrossEntropyLoss,
+    HardTruncatedLoss,
+    MultilabelCategoricalCrossEntropyLoss,
+    NMCategoricalCrossEntropyLoss,
+    SoftAccuracyLoss,
+    SoftTruncatedLoss,
+)
+from .registry import available_losses, get_loss, loss_class, register_loss
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveFocalLoss",
+    "BinaryFocalLoss",
+    "BinaryHardTruncatedLoss",
+    "BinarySoftTruncatedLoss",
+    "CrossEntropyLoss",
+    "EXACTLoss",
+    "FocalLoss",
+    "FunctionalLoss",
+    "GammaCrossEntropyLoss",
+    "HardTruncatedLoss",
+    "MultilabelCategoricalCrossEntropyLoss",
+    "NMCategoricalCrossEntropyLoss",
+    "NormFaceHead",
+    "SoftAccuracyLoss",
+    "SoftTruncatedLoss",
+    "available_losses",
+    "get_loss",
+    "loss_class",
+    "register_loss",
+]

@@ -1,0 +1,39 @@
+"""Pure loss functions: tensors in, tensors out; no ``nn.Module``, no Lightning.
+
+Every function takes logits first and the target second, keyword-only hyper-parameters, a
+``reduction`` in ``none|mean|sum`` and ``validate_args``; index-target losses take
+``ignore_index`` and logits ``[N, C, *]`` like :func:`torch.nn.functional.cross_entropy`.
+"""
+
+from .binary import binary_focal_loss, binary_hard_truncated_loss, binary_soft_truncated_loss
+from .exact import exact_log_probability, exact_loss
+from .multilabel import multilabel_categorical_crossentropy, nm_categorical_crossentropy
+from .scale import feature_incay, normface_min_scale
+from .target_probability import (
+    adaptive_focal_loss,
+    cross_entropy,
+    focal_loss,
+    gamma_cross_entropy,
+    hard_truncated_loss,
+    soft_accuracy_loss,
+)
+from .truncation import soft_truncated_loss
+
+__all__ = [
+    "adaptive_focal_loss",
+    "binary_focal_loss",
+    "binary_hard_truncated_loss",
+    "binary_soft_truncated_loss",
+    "cross_entropy",
+    "exact_log_probability",
+    "exact_loss",
+    "feature_incay",
+    "focal_loss",
+    "gamma_cross_entropy",
+    "hard_truncated_loss",
+    "multilabel_categorical_crossentropy",
+    "nm_categorical_crossentropy",
+    "normface_min_scale",
+    "soft_accuracy_loss",
+    "soft_truncated_loss",
+]

@@ -1,0 +1,72 @@
+"""The scale of the logits (seed 003): how large scaled-cosine logits must be, and Feature Incay."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._core import reduce_loss
+from ._validation import check_logits, check_range, check_reduction
+
+
+def normface_min_scale(num_classes: int, p: float) -> float:
+    """Smallest scale ``s`` at which scaled-cosine logits ``s * cos`` can give a class ``p``.
+
+    ``s = (C-1)/C * log((C-1) p / (1-p))``: the best case puts the target at cosine 1 and the
+    other ``C-1`` class weights at cosine ``-1/(C-1)`` (a regular simplex).
+
+    Source: Wang et al., "NormFace: L2 Hypersphere Embedding for Face Verification" (2017);
+    seed 003.
+
+    Args:
+        num_classes: ``C >= 2``.
+        p: target probability in ``(0, 1)``; ``p <= 1/C`` needs no scale and gives a value
+            ``<= 0``.
+
+    Example:
+        >>> round(normface_min_scale(10, 0.9), 4)
+        3.955
+    """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2; got {num_classes!r}")
+    check_range("p", p, low=0.0, high=1.0, low_open=True, high_open=True)
+    c = num_classes
+    return (c - 1) / c * math.log((c - 1) * p / (1 - p))
+
+
+def feature_norm(features: Tensor, *, validate_args: bool = True) -> Tensor:
+    """Row norms ``||f||`` of ``[N, D]`` features; zero rows are an error."""
+    check_logits(features, name="features")
+    norm = torch.linalg.vector_norm(features, dim=-1)
+    if validate_args and bool((norm == 0).any()):
+        raise ValueError(
+            "features must have non-zero rows: a zero feature vector has no direction to "
+            "normalise (NormFace / Feature Incay)"
+        )
+    return norm
+
+
+def feature_incay(
+    features: Tensor, *, reduction: str = "mean", validate_args: bool = True
+) -> Tensor:
+    """Feature Incay regulariser ``1 / ||f||^2`` per row (mean by default).
+
+    Adding it to the loss pushes feature norms up, which sharpens the softmax of normalised
+    heads; it is the seed's remedy for features whose norm is too small.
+
+    Source: Yuan et al., "Feature Incay for Representation Regularization" (2017); seed 003.
+
+    Args:
+        features: ``[N, D]`` features (``[N, *, D]`` works too).
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: raise on zero-norm rows.
+
+    Example:
+        >>> feature_incay(torch.tensor([[3.0, 4.0], [1.0, 0.0]]))
+        tensor(0.5200)
+    """
+    check_reduction(reduction)
+    norm = feature_norm(features, validate_args=validate_args)
+    return reduce_loss(norm.pow(-2), reduction)

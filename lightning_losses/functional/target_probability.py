@@ -1,0 +1,430 @@
+"""The target-probability family: losses ``phi(log p_t)`` of the target's softmax probability.
+
+Each loss here is one scalar function ``phi`` (value and derivative, in log space) run by the
+shared core in :mod:`lightning_losses.functional._core`, so each costs what cross-entropy costs.
+Notation: ``log p_t = x_t - logsumexp(x)``, ``p_t = exp(log p_t)``, ``q = 1 - p_t =
+-expm1(log p_t)`` (never ``1 - exp``, which loses every digit when ``p_t`` is near 1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._core import target_probability_loss
+from ._validation import check_range, check_reduction
+
+
+def _one_minus_p(log_p: Tensor) -> Tensor:
+    return -torch.expm1(log_p)
+
+
+# --- phi functions: (log_p, **hyperparameters) -> (value, d value / d log_p) -----------------
+
+
+def phi_cross_entropy(log_p: Tensor) -> tuple[Tensor, Tensor]:
+    """``-log p``."""
+    return -log_p, torch.full_like(log_p, -1.0)
+
+
+def _gamma_ce_weight(log_p: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """``log(gamma + (1-gamma) p)`` and ``w = p / (gamma + (1-gamma) p)``, both accurately.
+
+    Where ``(1-gamma)(1-p)`` is small, ``log1p(-(1-gamma)(1-p))`` keeps the digits that the
+    division by ``1-gamma`` would otherwise expose; elsewhere ``logaddexp(log gamma, log(1-gamma)
+    + log p)`` stays exact down to ``p = 0`` and reduces to ``log p`` at ``gamma = 0``.
+    """
+    a = 1.0 - gamma
+    aq = a * _one_minus_p(log_p)
+    near_one = torch.log1p(-aq)
+    log_gamma = math.log(gamma) if gamma > 0 else -math.inf
+    far = torch.logaddexp(torch.full_like(log_p, log_gamma), log_p + math.log(a))
+    log_mix = torch.where(aq <= 0.5, near_one, far)
+    return log_mix, torch.exp(log_p - log_mix)
+
+
+def phi_gamma_cross_entropy(
+    log_p: Tensor, gamma: float, threshold: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """``-log(gamma + (1-gamma) p) / (1-gamma)``, or ``-max(b, w) log p`` with a threshold."""
+    if threshold > 0:
+        if gamma == 1.0:
+            w = torch.exp(log_p)
+        else:
+            w = _gamma_ce_weight(log_p, gamma)[1]
+        factor = torch.clamp(w, min=threshold)
+        return -factor * log_p, -factor
+    if gamma == 0.0:
+        return phi_cross_entropy(log_p)
+    if gamma == 1.0:
+        return _one_minus_p(log_p), -torch.exp(log_p)
+    log_mix, w = _gamma_ce_weight(log_p, gamma)
+    return -log_mix / (1.0 - gamma), -w
+
+
+def phi_soft_accuracy(log_p: Tensor) -> tuple[Tensor, Tensor]:
+    """``1 - p``."""
+    return _one_minus_p(log_p), -torch.exp(log_p)
+
+
+def phi_focal(log_p: Tensor, gamma: float | Tensor) -> tuple[Tensor, Tensor]:
+    """``-(1-p)^gamma log p`` and its derivative ``(1-p)^gamma (gamma p log p / (1-p) - 1)``.
+
+    ``log p / (1-p)`` tends to -1 as ``p -> 1``, so the derivative stays finite for every
+    ``gamma >= 0`` (autograd of ``pow`` would give ``0 * inf`` there when ``gamma < 1``).
+    """
+    q = _one_minus_p(log_p)
+    focal_weight = q.pow(gamma)
+    ratio = torch.where(q > 0, log_p / torch.where(q > 0, q, 1.0), -1.0)
+    derivative = focal_weight * (gamma * torch.exp(log_p) * ratio - 1.0)
+    return -focal_weight * log_p, derivative
+
+
+def phi_adaptive_focal(
+    log_p: Tensor, thresholds: Sequence[float], gammas: Sequence[float]
+) -> tuple[Tensor, Tensor]:
+    """Focal with ``gamma = gammas[k]``, ``k`` the number of thresholds ``<= p``."""
+    boundaries = torch.tensor(thresholds, dtype=log_p.dtype, device=log_p.device)
+    table = torch.tensor(gammas, dtype=log_p.dtype, device=log_p.device)
+    gamma = table[torch.bucketize(torch.exp(log_p), boundaries, right=True)]
+    return phi_focal(log_p, gamma)
+
+
+def phi_hard_truncated(log_p: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """``-log p`` where ``p <= margin``, 0 elsewhere."""
+    keep = torch.exp(log_p) <= margin
+    zero = torch.zeros((), dtype=log_p.dtype, device=log_p.device)
+    return torch.where(keep, -log_p, zero), torch.where(keep, -1.0, zero)
+
+
+#: The family's ``phi`` by registry name (used by the chunked linear-head losses too).
+FAMILY = {
+    "ce": phi_cross_entropy,
+    "gamma_ce": phi_gamma_cross_entropy,
+    "soft_accuracy": phi_soft_accuracy,
+    "focal": phi_focal,
+    "adaptive_focal": phi_adaptive_focal,
+    "hard_truncated": phi_hard_truncated,
+}
+
+
+# --- checks of the hyper-parameters ----------------------------------------------------------
+
+
+def check_gamma_ce(gamma: float, threshold: float) -> None:
+    check_range("gamma", gamma, low=0.0, high=1.0)
+    check_range("threshold", threshold, low=0.0, high=1.0)
+
+
+def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -> None:
+    thresholds, gammas = tuple(thresholds), tuple(gammas)
+    if len(gammas) != len(thresholds) + 1:
+        raise ValueError(
+            "gammas must hold one more value than thresholds (one gamma per interval of p_t); "
+            f"got {len(thresholds)} thresholds and {len(gammas)} gammas"
+        )
+    for value in thresholds:
+        check_range("thresholds", value, low=0.0, high=1.0)
+    if any(b <= a for a, b in itertools.pairwise(thresholds)):
+        raise ValueError(f"thresholds must be strictly increasing; got {thresholds}")
+    for value in gammas:
+        check_range("gammas", value, low=0.0)
+
+
+# --- the losses --------------------------------------------------------------------------------
+
+
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Cross-entropy ``-log p_t``: the baseline, with the signature of the rest of the family.
+
+    Equals :func:`torch.nn.functional.cross_entropy` except that a ``"mean"`` over a batch whose
+    targets are all ignored is 0 (with zero gradient) instead of NaN.
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> cross_entropy(logits, torch.tensor([0, 2]), reduction="none")
+        tensor([0.2395, 1.0986])
+    """
+    return target_probability_loss(
+        logits,
+        target,
+        phi_cross_entropy,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+    )
+
+
+def gamma_cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    gamma: float = 0.5,
+    threshold: float = 0.0,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Gamma cross-entropy of TaiLr (seed 001): from cross-entropy to the expected error.
+
+    ``loss = -log(gamma + (1-gamma) p_t) / (1-gamma)``. ``gamma = 0`` is cross-entropy, and as
+    ``gamma -> 1`` the loss tends to ``1 - p_t`` (its value at ``gamma = 1``). The gradient is
+    ``-w * d log p_t`` with ``w = p_t / (gamma + (1-gamma) p_t)``: cross-entropy's gradient
+    down-weighted on samples the model finds unlikely. With ``threshold = b > 0`` it is TaiLr's
+    training form ``-max(b, w) log p_t`` with ``w`` held constant (no gradient through ``w``).
+
+    Source: Ji et al., "Tailoring Language Generation Models under Total Variation Distance"
+    (ICLR 2023); seed 001.
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        gamma: in ``[0, 1]``.
+        threshold: ``b`` in ``[0, 1]``; 0 uses the closed form above.
+        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> target = torch.tensor([0, 2])
+        >>> gamma_cross_entropy(logits, target, gamma=0.5, reduction="none")
+        tensor([0.2252, 0.8109])
+        >>> gamma_cross_entropy(logits, target, gamma=1.0, reduction="none")  # 1 - p_t
+        tensor([0.2130, 0.6667])
+    """
+    check_gamma_ce(gamma, threshold)
+    return target_probability_loss(
+        logits,
+        target,
+        phi_gamma_cross_entropy,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+        gamma=float(gamma),
+        threshold=float(threshold),
+    )
+
+
+def soft_accuracy_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy (seeds 000, 001).
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> soft_accuracy_loss(logits, torch.tensor([0, 2]), reduction="none")
+        tensor([0.2130, 0.6667])
+    """
+    return target_probability_loss(
+        logits,
+        target,
+        phi_soft_accuracy,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+    )
+
+
+def _focal_family(
+    logits: Tensor,
+    target: Tensor,
+    phi,
+    *,
+    alpha: Tensor | Sequence[float] | None,
+    ignore_index: int,
+    reduction: str,
+    validate_args: bool,
+    **hyperparameters,
+) -> Tensor:
+    # alpha_t is a factor of the formula: "mean" stays a plain mean over non-ignored elements.
+    check_reduction(reduction)
+    loss = target_probability_loss(
+        logits,
+        target,
+        phi,
+        weight=alpha,
+        ignore_index=ignore_index,
+        reduction="none",
+        validate_args=validate_args,
+        **hyperparameters,
+    )
+    if reduction == "mean":
+        return loss.sum() / (target != ignore_index).sum().clamp_min(1)
+    return loss.sum() if reduction == "sum" else loss
+
+
+def focal_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    gamma: float = 2.0,
+    alpha: Tensor | Sequence[float] | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t`` (seed 004).
+
+    The focal weight is computed as ``(-expm1(log p_t))^gamma`` and its derivative in the form
+    ``(1-p)^gamma (gamma p log p / (1-p) - 1)``, finite for every ``gamma >= 0`` including
+    ``0 < gamma < 1`` at ``p_t = 1``. ``gamma = 0`` without ``alpha`` is cross-entropy.
+
+    Source: Lin et al., "Focal Loss for Dense Object Detection" (ICCV 2017); seed 004.
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        gamma: focusing parameter, ``>= 0``.
+        alpha: ``None``, or one weight per class (``[C]``). ``"mean"`` is a plain mean over the
+            non-ignored elements (``alpha`` is part of the formula, not a normaliser).
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> focal_loss(logits, torch.tensor([0, 2]), gamma=2.0, reduction="none")
+        tensor([0.0109, 0.4883])
+    """
+    check_range("gamma", gamma, low=0.0)
+    return _focal_family(
+        logits,
+        target,
+        phi_focal,
+        alpha=alpha,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+        gamma=float(gamma),
+    )
+
+
+def adaptive_focal_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    thresholds: Sequence[float] = (0.2,),
+    gammas: Sequence[float] = (5.0, 3.0),
+    alpha: Tensor | Sequence[float] | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Focal loss whose ``gamma`` is picked per sample from ``p_t`` (sample-dependent focal).
+
+    ``gamma = gammas[k]`` where ``k`` is the number of ``thresholds`` that are ``<= p_t``; the
+    default is FLSD-53: ``gamma = 5`` for ``p_t < 0.2`` and ``3`` otherwise. The choice of
+    ``gamma`` carries no gradient (it is piecewise constant).
+
+    Source: Mukhoti et al., "Calibrating Deep Neural Networks using Focal Loss" (NeurIPS 2020).
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        thresholds: strictly increasing probabilities in ``[0, 1]``.
+        gammas: ``len(thresholds) + 1`` focusing parameters, each ``>= 0``.
+        alpha: ``None``, or one weight per class (``[C]``).
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> adaptive_focal_loss(logits, torch.tensor([0, 2]), reduction="none")
+        tensor([0.0023, 0.3255])
+    """
+    check_adaptive_focal(thresholds, gammas)
+    return _focal_family(
+        logits,
+        target,
+        phi_adaptive_focal,
+        alpha=alpha,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+        thresholds=tuple(float(v) for v in thresholds),
+        gammas=tuple(float(v) for v in gammas),
+    )
+
+
+def hard_truncated_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    margin: float = 0.5,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> Tensor:
+    """Hard truncation (seed 004): cross-entropy where ``p_t <= margin``, zero where above.
+
+    Samples the model already gets right with probability above ``margin`` stop contributing.
+    ``margin = 1`` is cross-entropy. ``"mean"`` averages over all non-ignored elements,
+    truncated ones included.
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        margin: in ``[0, 1]``.
+        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> hard_truncated_loss(logits, torch.tensor([0, 2]), margin=0.5, reduction="none")
+        tensor([0.0000, 1.0986])
+    """
+    check_range("margin", margin, low=0.0, high=1.0)
+    return target_probability_loss(
+        logits,
+        target,
+        phi_hard_truncated,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+        margin=float(margin),
+    )

@@ -1,0 +1,101 @@
+"""Scaled-cosine classification heads: NormFace, CosFace and ArcFace (seed 003)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .functional.scale import feature_norm, normface_min_scale
+
+KINDS = ("normface", "cosface", "arcface")
+
+
+class NormFaceHead(nn.Module):
+    """Logits ``scale * cos(feature, class weight)``, with an optional margin on the target.
+
+    Softmax over cosines in ``[-1, 1]`` cannot approach a one-hot distribution: with ``C``
+    classes a probability ``p`` needs a scale of at least
+    :func:`~lightning_losses.functional.normface_min_scale` ``(C, p)``. ``scale=None`` learns
+    the scale (NormFace), starting at the minimum scale for ``p = 0.99``; a float fixes it (a
+    plain attribute that a schedule may change).
+
+    With ``target`` given (training), the target's cosine ``c`` becomes ``c - margin``
+    (``"cosface"``, additive cosine margin) or ``cos(arccos(c) + margin)`` (``"arcface"``,
+    additive angular margin, continued as ``c - margin * sin(margin)`` where ``arccos(c) +
+    margin`` would pass ``pi``). Without ``target`` (evaluation) the plain cosines are scaled.
+
+    Sources: Wang et al., NormFace (2017); Wang et al., CosFace (2018); Deng et al., ArcFace
+    (2019); seed 003.
+
+    Args:
+        in_features: feature size ``D``.
+        num_classes: ``C``.
+        scale: fixed scale, or ``None`` for a learnable one.
+        margin: margin on the target, ``>= 0`` (ignored by ``"normface"``).
+        kind: ``"normface"``, ``"cosface"`` or ``"arcface"``.
+
+    Example:
+        >>> head = NormFaceHead(4, 3, scale=10.0)
+        >>> logits = head(torch.randn(2, 4))
+        >>> logits.shape, bool(logits.abs().max() <= 10.0)
+        (torch.Size([2, 3]), True)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        scale: float | None = None,
+        margin: float = 0.0,
+        kind: str = "normface",
+    ) -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0; got {margin!r}")
+        if scale is not None and scale <= 0:
+            raise ValueError(f"scale must be positive or None (learnable); got {scale!r}")
+        self.in_features = in_features
+        self.num_classes = num_classes
+        self.kind = kind
+        self.margin = margin
+        self.weight = nn.Parameter(torch.empty(num_classes, in_features))
+        nn.init.xavier_uniform_(self.weight)
+        if scale is None:
+            start = max(1.0, normface_min_scale(num_classes, 0.99))
+            self.scale = nn.Parameter(torch.tensor(start))
+        else:
+            self.scale = float(scale)
+
+    def cosine(self, features: Tensor) -> Tensor:
+        """``cos(feature, class weight)``, ``[N, C]``; zero-norm features are an error."""
+        unit_features = features / feature_norm(features)[..., None]
+        unit_weight = self.weight / torch.linalg.vector_norm(self.weight, dim=1, keepdim=True)
+        return unit_features @ unit_weight.to(features.dtype).T
+
+    def _with_margin(self, cos: Tensor, target: Tensor) -> Tensor:
+        c = cos.gather(1, target[:, None])
+        if self.kind == "cosface":
+            shifted = c - self.margin
+        else:
+            m = self.margin
+            sin = torch.sqrt(((1 - c) * (1 + c)).clamp_min(torch.finfo(c.dtype).eps))
+            rotated = c * math.cos(m) - sin * math.sin(m)
+            shifted = torch.where(c > math.cos(math.pi - m), rotated, c - m * math.sin(m))
+        return cos.scatter(1, target[:, None], shifted)
+
+    def forward(self, features: Tensor, target: Tensor | None = None) -> Tensor:
+        cos = self.cosine(features)
+        if target is not None and self.kind != "normface" and self.margin > 0:
+            cos = self._with_margin(cos, target)
+        return self.scale * cos
+
+    def extra_repr(self) -> str:
+        scale = "learnable" if isinstance(self.scale, nn.Parameter) else self.scale
+        return (
+            f"in_features={self.in_features}, num_classes={self.num_classes}, "
+            f"kind={self.kind!r}, scale={scale}, margin={self.margin}"
+        )

@@ -1,0 +1,384 @@
+"""Thin ``nn.Module`` wrappers over :mod:`lightning_losses.functional`.
+
+Each module stores its hyper-parameters as plain attributes under the names the function uses,
+and its ``forward(logits, target)`` calls the function with their current values. A schedule can
+therefore change ``criterion.gamma`` between two steps and the next call uses the new value.
+Per-class tensors (``weight``, ``alpha``) are buffers, so they follow ``.to(device)`` and are
+saved in the state dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as LF
+
+
+class FunctionalLoss(nn.Module):
+    """Base of the loss modules: ``forward`` calls ``function`` with the current attributes.
+
+    Subclasses set ``function`` and ``hyperparameter_names`` (the scalar hyper-parameters a
+    schedule may change and a logger may record) and ``option_names`` (everything else passed
+    through: ``reduction``, ``ignore_index``, per-class tensors, ``validate_args``).
+    """
+
+    function: ClassVar[Callable[..., Tensor]]
+    hyperparameter_names: ClassVar[tuple[str, ...]] = ()
+    option_names: ClassVar[tuple[str, ...]] = ("reduction", "validate_args")
+
+    def _set_class_vector(self, name: str, value: Tensor | Sequence[float] | None) -> None:
+        tensor = None if value is None else torch.as_tensor(value, dtype=torch.float32)
+        self.register_buffer(name, tensor)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The current scalar hyper-parameters, by name (e.g. ``{"gamma": 0.5}``)."""
+        return {name: getattr(self, name) for name in self.hyperparameter_names}
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        options = {name: getattr(self, name) for name in self.option_names}
+        return type(self).function(logits, target, **self.hyperparameters(), **options)
+
+    def extra_repr(self) -> str:
+        shown = {**self.hyperparameters(), "reduction": self.reduction}
+        return ", ".join(f"{name}={value!r}" for name, value in shown.items())
+
+
+_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args")
+_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
+
+
+class CrossEntropyLoss(FunctionalLoss):
+    """Cross-entropy, the baseline (:func:`~lightning_losses.functional.cross_entropy`).
+
+    Example:
+        >>> CrossEntropyLoss()(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.2395)
+    """
+
+    function = staticmethod(LF.cross_entropy)
+    option_names = _INDEX_OPTIONS
+
+    def __init__(
+        self,
+        *,
+        weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self._set_class_vector("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class GammaCrossEntropyLoss(CrossEntropyLoss):
+    """TaiLr's gamma cross-entropy (:func:`~lightning_losses.functional.gamma_cross_entropy`).
+
+    ``gamma`` and ``threshold`` are attributes: anneal ``gamma`` from 0 (cross-entropy) towards
+    1 (expected error) with :class:`lightning_losses.callbacks.GammaAnnealing`.
+
+    Example:
+        >>> loss = GammaCrossEntropyLoss(gamma=0.0)
+        >>> loss.gamma = 1.0
+        >>> loss(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 - p_t
+        tensor(0.2130)
+    """
+
+    function = staticmethod(LF.gamma_cross_entropy)
+    hyperparameter_names = ("gamma", "threshold")
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 0.5,
+        threshold: float = 0.0,
+        weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__(
+            weight=weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            validate_args=validate_args,
+        )
+        self.gamma = gamma
+        self.threshold = threshold
+
+
+class SoftAccuracyLoss(CrossEntropyLoss):
+    """Expected error ``1 - p_t`` (:func:`~lightning_losses.functional.soft_accuracy_loss`).
+
+    Example:
+        >>> SoftAccuracyLoss()(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.2130)
+    """
+
+    function = staticmethod(LF.soft_accuracy_loss)
+
+
+class HardTruncatedLoss(CrossEntropyLoss):
+    """Cross-entropy cut to zero above ``margin`` (:func:`~lightning_losses.functional.hard_truncated_loss`).
+
+    Example:
+        >>> HardTruncatedLoss(margin=0.9)(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.2395)
+    """  # noqa: E501
+
+    function = staticmethod(LF.hard_truncated_loss)
+    hyperparameter_names = ("margin",)
+
+    def __init__(
+        self,
+        *,
+        margin: float = 0.5,
+        weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__(
+            weight=weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            validate_args=validate_args,
+        )
+        self.margin = margin
+
+
+class SoftTruncatedLoss(CrossEntropyLoss):
+    """Soft truncation ``-softmax(-k x)_t log p_t`` (:func:`~lightning_losses.functional.soft_truncated_loss`).
+
+    Example:
+        >>> SoftTruncatedLoss(k=1.0)(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.0152)
+    """  # noqa: E501
+
+    function = staticmethod(LF.soft_truncated_loss)
+    hyperparameter_names = ("k",)
+
+    def __init__(
+        self,
+        *,
+        k: float = 1.0,
+        weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__(
+            weight=weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            validate_args=validate_args,
+        )
+        self.k = k
+
+
+class FocalLoss(FunctionalLoss):
+    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t`` (:func:`~lightning_losses.functional.focal_loss`).
+
+    Example:
+        >>> FocalLoss(gamma=2.0)(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.0109)
+    """  # noqa: E501
+
+    function = staticmethod(LF.focal_loss)
+    hyperparameter_names = ("gamma",)
+    option_names = _ALPHA_OPTIONS
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 2.0,
+        alpha: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.gamma = gamma
+        self._set_class_vector("alpha", alpha)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class AdaptiveFocalLoss(FunctionalLoss):
+    """Focal loss with ``gamma`` picked per sample from ``p_t`` (FLSD-53 by default).
+
+    See :func:`~lightning_losses.functional.adaptive_focal_loss`.
+
+    Example:
+        >>> AdaptiveFocalLoss()(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.0023)
+    """
+
+    function = staticmethod(LF.adaptive_focal_loss)
+    hyperparameter_names = ("thresholds", "gammas")
+    option_names = _ALPHA_OPTIONS
+
+    def __init__(
+        self,
+        *,
+        thresholds: Sequence[float] = (0.2,),
+        gammas: Sequence[float] = (5.0, 3.0),
+        alpha: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.thresholds = tuple(thresholds)
+        self.gammas = tuple(gammas)
+        self._set_class_vector("alpha", alpha)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class BinaryFocalLoss(FunctionalLoss):
+    """Sigmoid focal loss (:func:`~lightning_losses.functional.binary_focal_loss`).
+
+    Example:
+        >>> BinaryFocalLoss(gamma=2.0)(torch.tensor([2.0]), torch.tensor([1.0]))
+        tensor(0.0018)
+    """
+
+    function = staticmethod(LF.binary_focal_loss)
+    hyperparameter_names = ("gamma", "alpha")
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 2.0,
+        alpha: float | None = None,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.gamma = gamma
+        self.alpha = alpha
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class BinarySoftTruncatedLoss(FunctionalLoss):
+    """Sigmoid soft truncation (:func:`~lightning_losses.functional.binary_soft_truncated_loss`).
+
+    Example:
+        >>> BinarySoftTruncatedLoss(k=1.0)(torch.tensor([2.0]), torch.tensor([1.0]))
+        tensor(0.0151)
+    """
+
+    function = staticmethod(LF.binary_soft_truncated_loss)
+    hyperparameter_names = ("k",)
+
+    def __init__(self, *, k: float = 1.0, reduction: str = "mean", validate_args: bool = True):
+        super().__init__()
+        self.k = k
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class BinaryHardTruncatedLoss(FunctionalLoss):
+    """Sigmoid hard truncation (:func:`~lightning_losses.functional.binary_hard_truncated_loss`).
+
+    Example:
+        >>> BinaryHardTruncatedLoss(margin=0.5)(torch.tensor([-1.0]), torch.tensor([1.0]))
+        tensor(1.3133)
+    """
+
+    function = staticmethod(LF.binary_hard_truncated_loss)
+    hyperparameter_names = ("margin",)
+
+    def __init__(
+        self, *, margin: float = 0.5, reduction: str = "mean", validate_args: bool = True
+    ) -> None:
+        super().__init__()
+        self.margin = margin
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class EXACTLoss(FunctionalLoss):
+    """EXACT, the noisy-argmax accuracy (:func:`~lightning_losses.functional.exact_loss`).
+
+    ``sigma`` is a float attribute (schedulable); for the paper's per-sample scale network,
+    call :func:`~lightning_losses.functional.exact_loss` with a tensor ``sigma``.
+
+    Example:
+        >>> EXACTLoss(sigma=1.0)(torch.tensor([[1.0, 0.0]]), torch.tensor([0]))
+        tensor(0.2398)
+    """
+
+    function = staticmethod(LF.exact_loss)
+    hyperparameter_names = ("sigma",)
+    option_names = ("log", "n_nodes", "ignore_index", "reduction", "validate_args")
+
+    def __init__(
+        self,
+        *,
+        sigma: float = 1.0,
+        log: bool = False,
+        n_nodes: int = 32,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.sigma = sigma
+        self.log = log
+        self.n_nodes = n_nodes
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class MultilabelCategoricalCrossEntropyLoss(FunctionalLoss):
+    """Multi-label softmax cross-entropy (:func:`~lightning_losses.functional.multilabel_categorical_crossentropy`).
+
+    Example:
+        >>> loss = MultilabelCategoricalCrossEntropyLoss()
+        >>> loss(torch.tensor([[3.0, -2.0, 0.5]]), torch.tensor([[1.0, 0.0, 1.0]]))
+        tensor(0.6315)
+    """  # noqa: E501
+
+    function = staticmethod(LF.multilabel_categorical_crossentropy)
+    option_names = ("ignore_index", "reduction", "validate_args")
+
+    def __init__(
+        self, *, ignore_index: int = -100, reduction: str = "mean", validate_args: bool = True
+    ) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class NMCategoricalCrossEntropyLoss(FunctionalLoss):
+    """Cross-entropy for n tasks of m classes (:func:`~lightning_losses.functional.nm_categorical_crossentropy`).
+
+    Example:
+        >>> loss = NMCategoricalCrossEntropyLoss(variant="pairwise")
+        >>> loss(torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), torch.tensor([[0, 1]]))
+        tensor(0.7910)
+    """  # noqa: E501
+
+    function = staticmethod(LF.nm_categorical_crossentropy)
+    option_names = ("variant", "reduction", "validate_args")
+
+    def __init__(
+        self, *, variant: str = "pairwise", reduction: str = "mean", validate_args: bool = True
+    ) -> None:
+        super().__init__()
+        self.variant = variant
+        self.reduction = reduction
+        self.validate_args = validate_args
