@@ -3,7 +3,9 @@
 ``P(t) = P(argmax_j (x_j / sigma + e_j) = t)`` with ``e ~ N(0, I)``. Conditioning on the
 target's noise ``u`` gives a one-dimensional integral,
 ``P = ∫ phi(u) prod_{j != t} Phi((x_t - x_j) / sigma + u) du``, which Gauss–Hermite quadrature
-with ``n_nodes`` nodes evaluates deterministically. Everything runs in log space
+with ``n_nodes`` nodes evaluates deterministically, centred per row on the integrand's
+mode (adaptive Gauss–Hermite) so that small probabilities keep their relative accuracy and
+``-log P`` stays exact when the target trails. Everything runs in log space
 (``log_ndtr``); the forward and backward loop over the nodes, so memory stays at a few
 ``[N, C]`` tensors however many nodes are used, and the gradient is the exact derivative of the
 quadrature (``phi / Phi`` ratios), not a sampled one.
@@ -22,7 +24,8 @@ from torch import Tensor
 from ._core import compute_dtype, reduce_loss
 from ._validation import check_index_target, check_range, check_reduction
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 
 
 @functools.lru_cache(maxsize=16)
@@ -32,8 +35,34 @@ def _gauss_hermite(n_nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(math.sqrt(2.0) * z), tuple(np.log(w) - 0.5 * math.log(math.pi))
 
 
-def _log_pdf(z: Tensor) -> Tensor:
-    return -0.5 * z * z - _LOG_SQRT_2PI
+def _inverse_mills(z: Tensor) -> Tensor:
+    """``phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z / sqrt 2)``: no cancellation for ``z << 0``
+    (where it tends to ``-z``), and 0 at ``z = +inf``."""
+    return _SQRT_2_OVER_PI / torch.special.erfcx(-z * _SQRT_HALF)
+
+
+@torch.no_grad()
+def _adaptive_nodes(margin: Tensor, is_target: Tensor, steps: int = 5) -> tuple[Tensor, Tensor]:
+    """Centre ``mu`` and width ``s`` per row for adaptive Gauss–Hermite quadrature.
+
+    The integrand ``phi(u) prod_j Phi(d_j + u)`` is log-concave; ``mu`` is its mode (Newton on
+    ``g(u) = -u^2/2 + sum_j log Phi(d_j + u)`` from 0) and ``s = 1 / sqrt(-g''(mu))`` its width.
+    When the target trails another class the mass sits far in the tail of ``phi``, where plain
+    Gauss–Hermite nodes never reach; centring the nodes there keeps ``log P`` accurate.
+    The integral does not depend on ``mu`` and ``s``, so they carry no gradient.
+    """
+    dtype = margin.dtype
+    margin = margin.double()  # z + phi(z)/Phi(z) cancels for z << 0: float64 keeps it
+    mu = torch.zeros(margin.shape[0], dtype=margin.dtype, device=margin.device)
+    for _ in range(steps + 1):
+        z = margin + mu[:, None]
+        lam = _inverse_mills(z)
+        # g''(u) = -1 + sum_j lambda'(z_j), lambda' = -lambda (z + lambda), in [-1, 0]
+        lam_slope = torch.where(is_target, 0.0, -lam * (z + lam)).clamp(-1.0, 0.0)
+        curvature = -1.0 + lam_slope.sum(dim=1)
+        slope = -mu + lam.sum(dim=1)
+        mu = mu - slope / curvature
+    return mu.to(dtype), torch.rsqrt(-curvature).to(dtype)
 
 
 class _ExactLogProb(torch.autograd.Function):
@@ -46,29 +75,36 @@ class _ExactLogProb(torch.autograd.Function):
         is_target.scatter_(1, target[:, None], True)
         x_t = logits.gather(1, target[:, None])
         margin = ((x_t - logits) / sigma[:, None]).masked_fill(is_target, math.inf)
+        mu, width = _adaptive_nodes(margin, is_target)
+        # E[f(u)] = E_v[ s * phi(mu + s v) / phi(v) * f(mu + s v) ],  v ~ N(0, 1)
+        shifted_nodes = [mu + width * v for v in nodes]
         terms = torch.stack(
             [
-                torch.special.log_ndtr(margin + u).sum(dim=1) + lw
-                for u, lw in zip(nodes, log_weights, strict=True)
+                torch.special.log_ndtr(margin + u[:, None]).sum(dim=1)
+                + lw
+                + torch.log(width)
+                + 0.5 * v * v
+                - 0.5 * u * u
+                for u, v, lw in zip(shifted_nodes, nodes, log_weights, strict=True)
             ],
             dim=1,
         )
         log_p = torch.logsumexp(terms, dim=1)
-        ctx.save_for_backward(margin, sigma, is_target, terms, log_p)
+        ctx.save_for_backward(margin, sigma, is_target, terms, mu, width)
         ctx.n_nodes = n_nodes
         return log_p
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_log_p: Tensor) -> tuple[Tensor | None, ...]:
-        margin, sigma, is_target, terms, log_p = ctx.saved_tensors
+        margin, sigma, is_target, terms, mu, width = ctx.saved_tensors
         nodes, _ = _gauss_hermite(ctx.n_nodes)
-        responsibility = torch.exp(terms - log_p[:, None])  # softmax over the nodes
+        # Normalised directly: exp(terms - log_p) drifts when log_p is ~1e8 in float32.
+        responsibility = torch.softmax(terms, dim=1)
         grad_margin = torch.zeros_like(margin)
-        for i, u in enumerate(nodes):
-            shifted = margin + u
-            inverse_mills = torch.exp(_log_pdf(shifted) - torch.special.log_ndtr(shifted))
-            grad_margin += responsibility[:, i : i + 1] * inverse_mills
+        for i, v in enumerate(nodes):
+            shifted = margin + (mu + width * v)[:, None]
+            grad_margin += responsibility[:, i : i + 1] * _inverse_mills(shifted)
         grad_margin = (grad_margin * grad_log_p[:, None]).masked_fill(is_target, 0.0)
         scaled = grad_margin / sigma[:, None]
         grad_logits = grad_sigma = None

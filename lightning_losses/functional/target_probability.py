@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ._core import target_probability_loss
-from ._validation import check_range, check_reduction
+from ._validation import check_class_vector, check_logits, check_range, check_reduction
 
 
 def _one_minus_p(log_p: Tensor) -> Tensor:
@@ -278,6 +278,8 @@ def _focal_family(
 ) -> Tensor:
     # alpha_t is a factor of the formula: "mean" stays a plain mean over non-ignored elements.
     check_reduction(reduction)
+    check_logits(logits)
+    alpha = check_class_vector("alpha", alpha, logits)
     loss = target_probability_loss(
         logits,
         target,

@@ -1,0 +1,24 @@
+"""Shared pytest settings for the loss tests.
+
+Hypothesis runs a bounded, derandomized number of examples without a deadline (the first call
+of a torch op can be slow), so the suite is reproducible and stays inside its time budget.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "losses",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+settings.load_profile("losses")
+
+# The tests use tiny tensors and run as two xdist workers on two cores (`make test`). With the
+# default of one intra-op thread per core, each worker's OpenMP threads spin against the other
+# worker's (and against any other load), which makes small ops 10-50x slower.
+torch.set_num_threads(1)
