@@ -1,1 +1,26 @@
 """Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""
+
+from .loss_scheduler import GammaAnnealing, LossScheduler
+from .loss_switch import LossSwitch
+from .schedules import (
+    ConstantSchedule,
+    CosineSchedule,
+    ExponentialSchedule,
+    IntervalSchedule,
+    LinearSchedule,
+    Schedule,
+    StepSchedule,
+)
+
+__all__ = [
+    "ConstantSchedule",
+    "CosineSchedule",
+    "ExponentialSchedule",
+    "GammaAnnealing",
+    "IntervalSchedule",
+    "LinearSchedule",
+    "LossScheduler",
+    "LossSwitch",
+    "Schedule",
+    "StepSchedule",
+]

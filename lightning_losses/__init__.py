@@ -21,6 +21,7 @@ from .losses import (
     SoftAccuracyLoss,
     SoftTruncatedLoss,
 )
+from .mixins import LossMixin, build_criterion
 from .registry import available_losses, get_loss, loss_class, register_loss
 
 __version__ = "0.1.0"
@@ -36,12 +37,14 @@ __all__ = [
     "FunctionalLoss",
     "GammaCrossEntropyLoss",
     "HardTruncatedLoss",
+    "LossMixin",
     "MultilabelCategoricalCrossEntropyLoss",
     "NMCategoricalCrossEntropyLoss",
     "NormFaceHead",
     "SoftAccuracyLoss",
     "SoftTruncatedLoss",
     "available_losses",
+    "build_criterion",
     "get_loss",
     "loss_class",
     "register_loss",

@@ -1,0 +1,134 @@
+"""``LossSwitch``: change the criterion at given epochs (e.g. cross-entropy, then focal loss)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from typing_extensions import override
+
+from lightning_losses.mixins import build_criterion
+
+
+class LossSwitch(Callback):
+    """Use ``criteria[k]`` as ``pl_module.criterion`` in epoch ``p``, ``k`` = milestones ``<= p``.
+
+    ``k = #{m in milestones : m <= trainer.current_epoch}``: ``criteria[0]`` before the first
+    milestone, ``criteria[1]`` from it to the second, and so on. The criteria are built once
+    when fitting starts, with :func:`lightning_losses.mixins.build_criterion` (so a bad spec
+    fails before training), and the prebuilt module is swapped in with
+    ``pl_module.criterion = module`` when training starts and at each epoch start where the
+    index changes (checked again before each batch). The index is recomputed from
+    ``trainer.current_epoch``, so a resumed run, even one resumed mid-epoch, uses the right
+    criterion from its first step; it is logged as ``switch/index``.
+
+    The switched-in module becomes the model's ``criterion`` submodule; with
+    :class:`~lightning_losses.mixins.LossMixin`, a checkpoint saved with one criterion loads into
+    a model built with another. A :class:`~lightning_losses.callbacks.LossScheduler` keeps
+    setting its attribute on whichever criterion is current.
+
+    Args:
+        criteria: one criterion per phase, each a registry name (``"ce"``), a mapping
+            ``{"name": "focal", "gamma": 2.0}`` or a ``class_path``/``init_args`` mapping.
+        milestones: the epochs where the next criterion takes over: increasing ints, one fewer
+            than ``criteria``.
+
+    Example:
+        >>> switch = LossSwitch(["ce", {"name": "focal", "gamma": 2.0}], milestones=[5])
+        >>> switch.index(4), switch.index(5)
+        (0, 1)
+        >>> switch.state_key
+        "LossSwitch{'criteria': ['ce', {'name': 'focal', 'gamma': 2.0}], 'milestones': [5]}"
+    """
+
+    def __init__(self, criteria: list[str | dict[str, Any]], milestones: list[int]) -> None:
+        if isinstance(criteria, (str, Mapping)) or not isinstance(criteria, (list, tuple)):
+            raise ValueError(f"criteria must be a list of criterion specs; got {criteria!r}")
+        if isinstance(milestones, str) or not isinstance(milestones, (list, tuple)):
+            raise ValueError(f"milestones must be a list of epochs; got {milestones!r}")
+        for i, spec in enumerate(criteria):
+            if not isinstance(spec, (str, Mapping)):
+                raise ValueError(
+                    f"criteria[{i}] must be a loss name or a mapping ({{'name': ...}} or "
+                    f"{{'class_path': ..., 'init_args': ...}}); got {spec!r}"
+                )
+        if len(criteria) != len(milestones) + 1:
+            raise ValueError(
+                "criteria must have one more entry than milestones; got "
+                f"{len(criteria)} criteria and {len(milestones)} milestones"
+            )
+        for i, milestone in enumerate(milestones):
+            if isinstance(milestone, bool) or not isinstance(milestone, int) or milestone < 0:
+                raise ValueError(f"milestones[{i}] must be an epoch (int >= 0); got {milestone!r}")
+            if i and milestone <= milestones[i - 1]:
+                raise ValueError(f"milestones must be increasing; got {list(milestones)!r}")
+        self.criteria = [spec if isinstance(spec, str) else dict(spec) for spec in criteria]
+        self.milestones = list(milestones)
+        #: The index used last; saved in checkpoints for information only (resuming recomputes it).
+        self.last_index: int | None = None
+        self._modules: list[Any] = []
+        self._active: int | None = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(criteria=self.criteria, milestones=self.milestones)
+
+    def index(self, epoch: int) -> int:
+        """The index of the criterion used in ``epoch``: the number of milestones ``<= epoch``."""
+        return bisect_right(self.milestones, epoch)
+
+    def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        """Swap in the criterion for the current epoch if it is not the active one."""
+        if not self._modules:
+            raise RuntimeError("LossSwitch was not set up: its criteria are built in setup('fit')")
+        index = self.index(trainer.current_epoch)
+        if index != self._active:
+            module = self._modules[index]
+            if isinstance(module, nn.Module):
+                module.to(pl_module.device)
+            pl_module.criterion = module
+            self._active = index
+        self.last_index = index
+        return index
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        modules = []
+        for i, spec in enumerate(self.criteria):
+            try:
+                modules.append(build_criterion(spec))
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"LossSwitch criteria[{i}]: {error}") from error
+        self._modules = modules
+        self._active = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._apply(trainer, pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._apply(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        index = self._apply(trainer, pl_module)
+        pl_module.log("switch/index", float(index), on_step=False, on_epoch=True, batch_size=1)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"milestones": list(self.milestones), "last_index": self.last_index}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        last_index = state_dict.get("last_index")
+        self.last_index = None if last_index is None else int(last_index)

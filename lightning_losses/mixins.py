@@ -1,0 +1,197 @@
+"""``LossMixin``: a swappable, schedulable criterion for any LightningModule."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from .registry import get_loss
+
+#: What a criterion may be given as: a registry name, a ``class_path`` mapping, or the loss.
+CriterionSpec = str | Mapping[str, Any] | nn.Module | Callable[[Tensor, Tensor], Tensor]
+
+
+def _import_class(class_path: str) -> type:
+    module_name, _, class_name = class_path.rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"class_path must be a dotted path 'package.module.Class'; got {class_path!r}"
+        )
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"class_path {class_path!r} cannot be imported: {error}") from None
+
+
+def build_criterion(
+    spec: CriterionSpec, **hyperparameters: Any
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """Turn a criterion specification into a callable ``criterion(logits, target)``.
+
+    Args:
+        spec: a registry name (``"focal"``), a mapping ``{"class_path": ..., "init_args":
+            {...}}`` as written in YAML (``class_path`` may also be a registry name), a mapping
+            ``{"name": "focal", "gamma": 2.0}``, or a loss module / callable used as it is.
+        **hyperparameters: keyword arguments for a name or ``class_path`` spec.
+
+    Example:
+        >>> build_criterion({"class_path": "lightning_losses.FocalLoss", "init_args": {"gamma": 1.0}})
+        FocalLoss(gamma=1.0, reduction='mean')
+        >>> build_criterion("gamma_ce", gamma=0.0)
+        GammaCrossEntropyLoss(gamma=0.0, threshold=0.0, reduction='mean')
+    """  # noqa: E501
+    if isinstance(spec, str):
+        return get_loss(spec, **hyperparameters)
+    if isinstance(spec, Mapping):
+        spec = dict(spec)
+        if "class_path" in spec:
+            class_path = spec.pop("class_path")
+            init_args = {**dict(spec.pop("init_args", None) or {}), **hyperparameters}
+            if spec:
+                raise ValueError(
+                    f"criterion mapping has unknown keys {sorted(spec)}; expected 'class_path' "
+                    "and 'init_args'"
+                )
+            if "." not in class_path:
+                return get_loss(class_path, **init_args)
+            cls = _import_class(class_path)
+            if not callable(cls):
+                raise ValueError(f"class_path {class_path!r} does not name a class")
+            return cls(**init_args)
+        if "name" in spec:
+            name = spec.pop("name")
+            return get_loss(name, **{**spec, **hyperparameters})
+        raise ValueError(
+            "criterion mapping needs 'class_path' (with optional 'init_args') or 'name'; "
+            f"got keys {sorted(spec)}"
+        )
+    if callable(spec):
+        if hyperparameters:
+            raise ValueError("hyper-parameters can only be given with a name or class_path spec")
+        return spec
+    raise TypeError(
+        "criterion must be a registry name, a class_path mapping, or a callable "
+        f"criterion(logits, target); got {type(spec).__name__}"
+    )
+
+
+def describe_criterion(criterion: Any) -> str | dict[str, Any]:
+    """A plain ``class_path``/``init_args`` description of a criterion (for configs, logs).
+
+    Constructor arguments are read back from the attributes of the same name; tensors become
+    lists. A registry name is returned as it is.
+
+    Example:
+        >>> from lightning_losses import FocalLoss
+        >>> describe_criterion(FocalLoss(gamma=1.5))["init_args"]["gamma"]
+        1.5
+    """
+    if isinstance(criterion, str):
+        return criterion
+    if isinstance(criterion, Mapping):
+        return dict(criterion)
+    cls = type(criterion)
+    init_args: dict[str, Any] = {}
+    for name in inspect.signature(cls).parameters:
+        if hasattr(criterion, name):
+            value = getattr(criterion, name)
+            if isinstance(value, Tensor):
+                value = value.tolist()
+            elif isinstance(value, tuple):
+                value = list(value)
+            if value is None or isinstance(value, (str, int, float, bool, list)):
+                init_args[name] = value
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
+
+
+def criterion_hyperparameters(criterion: Any) -> dict[str, float]:
+    """The criterion's current numeric hyper-parameters, for logging (empty if it has none)."""
+    values = getattr(criterion, "hyperparameters", None)
+    if not callable(values):
+        return {}
+    return {
+        name: float(value)
+        for name, value in values().items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+class LossMixin:
+    """Give any LightningModule a swappable ``self.criterion``.
+
+    Mix it in before ``LightningModule`` and set the criterion in ``__init__``::
+
+        class MyModel(LossMixin, L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.set_criterion("gamma_ce", gamma=0.0)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return self.compute_loss(self(x), y)  # also logs criterion/gamma
+
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                logits = self(x)
+                return self.validation_output(logits, y)  # {"loss", "logits", "target"}
+
+    The criterion is a submodule (its buffers move with the model). A checkpoint restores the
+    model's weights whatever criterion it was saved with: schedules and switches recompute the
+    criterion from training progress, so its state is not taken from the checkpoint.
+    """
+
+    criterion: Any
+
+    def set_criterion(self, spec: CriterionSpec, **hyperparameters: Any) -> Any:
+        """Replace the criterion (see :func:`build_criterion` for the forms ``spec`` takes)."""
+        criterion = build_criterion(spec, **hyperparameters)
+        if hasattr(self, "criterion"):
+            del self.criterion  # a module criterion may be replaced by a plain callable
+        self.criterion = criterion
+        return criterion
+
+    def compute_loss(self, logits: Tensor, target: Tensor, *, log: bool = True) -> Tensor:
+        """``self.criterion(logits, target)``; in training also logs ``criterion/<name>``."""
+        if getattr(self, "criterion", None) is None:
+            raise AttributeError(
+                f"{type(self).__name__} has no criterion: call self.set_criterion(...) in __init__"
+            )
+        if log and self.training and self._attached_to_trainer():
+            self.log_criterion_hyperparameters()
+        return self.criterion(logits, target)
+
+    def _attached_to_trainer(self) -> bool:
+        try:
+            return self.trainer is not None
+        except RuntimeError:  # LightningModule.trainer raises when no trainer is attached
+            return False
+
+    def log_criterion_hyperparameters(self) -> None:
+        """Log each numeric hyper-parameter of the criterion as ``criterion/<name>``."""
+        for name, value in criterion_hyperparameters(self.criterion).items():
+            self.log(f"criterion/{name}", value, on_step=True, on_epoch=False)
+
+    @staticmethod
+    def validation_output(
+        logits: Tensor, target: Tensor, loss: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The ``validation_step`` output the calibration callback reads."""
+        output = {"logits": logits.detach(), "target": target.detach()}
+        if loss is not None:
+            output["loss"] = loss
+        return output
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the current criterion's state instead of the saved one (it may be another loss)."""
+        state = checkpoint.get("state_dict")
+        if state is not None and isinstance(getattr(self, "criterion", None), nn.Module):
+            for key in [k for k in state if k.startswith("criterion.")]:
+                del state[key]
+            state.update({f"criterion.{k}": v for k, v in self.criterion.state_dict().items()})
+        parent = getattr(super(), "on_load_checkpoint", None)
+        if parent is not None:
+            parent(checkpoint)
