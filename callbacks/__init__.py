@@ -1,5 +1,6 @@
 """Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""
 
+from .calibration import CalibrationMonitor, TemperatureScalingCallback
 from .loss_scheduler import GammaAnnealing, LossScheduler
 from .loss_switch import LossSwitch
 from .schedules import (
@@ -13,6 +14,7 @@ from .schedules import (
 )
 
 __all__ = [
+    "CalibrationMonitor",
     "ConstantSchedule",
     "CosineSchedule",
     "ExponentialSchedule",
@@ -23,4 +25,5 @@ __all__ = [
     "LossSwitch",
     "Schedule",
     "StepSchedule",
+    "TemperatureScalingCallback",
 ]

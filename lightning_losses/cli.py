@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .models import ClassifierModule
+from .tracking import TrackingConfigCallback, run_id_from_checkpoint
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -27,6 +29,21 @@ def default_config_path() -> str:
 
 class LossesCLI(LightningCLI):
     """LightningCLI that links the DataModule's shape of the task into the model."""
+
+    def before_instantiate_classes(self) -> None:
+        """On ``fit --ckpt_path``, continue the MLflow run the checkpoint was saved under."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if config is None or not config.get("ckpt_path"):
+            return
+        logger = config.get("trainer", {}).get("logger")
+        if not logger or isinstance(logger, (bool, list)):
+            return
+        class_path = logger.get("class_path", "")
+        init_args = logger.get("init_args")
+        if not class_path.endswith("TrackingLogger") or init_args is None:
+            return
+        if init_args.get("run_id") is None and Path(config["ckpt_path"]).is_file():
+            init_args["run_id"] = run_id_from_checkpoint(config["ckpt_path"])
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in (
@@ -61,6 +78,7 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
         "subclass_mode_data": True,
         "seed_everything_default": 0,
         "save_config_kwargs": {"overwrite": True},
+        "save_config_callback": TrackingConfigCallback,
         "auto_configure_optimizers": False,
     }
     kwargs.update(cli_kwargs)
@@ -72,7 +90,20 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
 
 
 def console_main() -> int:
-    """Entry point of the ``lightning-losses`` console script."""
+    """Entry point of the ``lightning-losses`` console script.
+
+    ``fit``, ``validate``, ``test``, ``predict``: LightningCLI. ``compare``: the runs of an
+    MLflow experiment side by side. ``sync-tracking PATH``: replay a tracking spool.
+    """
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "compare":
+        from .compare import main as compare_main
+
+        return compare_main(sys.argv[2:])
+    if command == "sync-tracking":
+        from .tracking import sync_main
+
+        return sync_main(sys.argv[2:])
     main()
     return 0
 

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as LF
+from .functional._validation import check_reduction
+from .functional.linear import LINEAR_TARGET_LOSSES, resolve_loss
 
 
 class FunctionalLoss(nn.Module):
@@ -382,3 +384,97 @@ class NMCategoricalCrossEntropyLoss(FunctionalLoss):
         self.variant = variant
         self.reduction = reduction
         self.validate_args = validate_args
+
+
+class LinearTargetLoss(nn.Module):
+    """A target-probability loss over a linear head, chunk by chunk (:func:`~lightning_losses.functional.linear_target_loss`).
+
+    For language models: ``forward(hidden, weight, target, bias=None)`` takes the final hidden
+    states ``[N, H]`` or ``[B, L, H]`` and the output weight ``[V, H]`` (e.g. a tied embedding)
+    instead of logits, so the ``[N, V]`` logits are never built. ``loss(hidden @ weight.T +
+    bias)`` is ``phi(log p_t)`` of the family member named by ``loss``. Its hyper-parameters
+    are plain attributes, and only those of ``loss`` exist: :class:`~lightning_losses.callbacks.GammaAnnealing`
+    sets ``criterion.gamma`` of a ``"gamma_ce"`` criterion.
+
+    Args:
+        loss: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``, ``adaptive_focal`` or
+            ``hard_truncated``.
+        gamma: ``gamma_ce`` (default 0.5) or ``focal`` (default 2).
+        threshold: ``gamma_ce`` (default 0).
+        thresholds: ``adaptive_focal`` (default ``(0.2,)``).
+        gammas: ``adaptive_focal`` (default ``(5, 3)``).
+        margin: ``hard_truncated`` (default 0.5).
+        chunk_size: rows per chunk; ``None`` chooses one from the shapes.
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+        validate_args: check target values (one device synchronisation).
+
+    Raises:
+        ValueError: unknown ``loss``, a hyper-parameter ``loss`` does not take, or a value out
+            of range.
+
+    Example:
+        >>> criterion = LinearTargetLoss("gamma_ce", gamma=0.0)
+        >>> hidden, weight = torch.eye(2), torch.tensor([[2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+        >>> criterion(hidden, weight, torch.tensor([0, 2]))  # cross-entropy at gamma = 0
+        tensor(0.6691)
+        >>> criterion.gamma = 1.0  # the expected error 1 - p_t
+        >>> criterion(hidden, weight, torch.tensor([0, 2]))
+        tensor(0.4398)
+    """  # noqa: E501
+
+    def __init__(
+        self,
+        loss: str = "gamma_ce",
+        *,
+        gamma: float | None = None,
+        threshold: float | None = None,
+        thresholds: Sequence[float] | None = None,
+        gammas: Sequence[float] | None = None,
+        margin: float | None = None,
+        chunk_size: int | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        given = {
+            "gamma": gamma,
+            "threshold": threshold,
+            "thresholds": thresholds,
+            "gammas": gammas,
+            "margin": margin,
+        }
+        check_reduction(reduction)
+        _, resolved = resolve_loss(loss, {k: v for k, v in given.items() if v is not None})
+        self.loss = loss
+        for name, value in resolved.items():
+            setattr(self, name, value)
+        self.chunk_size = chunk_size
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The current hyper-parameters of ``loss``, by name (e.g. ``{"gamma": 0.5, ...}``)."""
+        return {name: getattr(self, name) for name in LINEAR_TARGET_LOSSES[self.loss]}
+
+    def forward(
+        self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
+        return LF.linear_target_loss(
+            hidden,
+            weight,
+            target,
+            loss=self.loss,
+            bias=bias,
+            chunk_size=self.chunk_size,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            validate_args=self.validate_args,
+            **self.hyperparameters(),
+        )
+
+    def extra_repr(self) -> str:
+        shown = {"loss": self.loss, **self.hyperparameters(), "reduction": self.reduction}
+        return ", ".join(f"{name}={value!r}" for name, value in shown.items())

@@ -160,11 +160,13 @@ class ClassifierModule(LossMixin, L.LightningModule):
         logits = self(x, target if stage == "train" else None)
         loss = self.compute_loss(logits, target, log=stage == "train")
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True)
+        # Epoch-level validation and test values are averaged across DDP processes.
+        options = {"on_step": on_step, "on_epoch": True, "sync_dist": not on_step}
+        self.log(f"{stage}/loss", loss, prog_bar=True, **options)
         accuracy = task_accuracy(logits, target, self.task)
-        self.log(f"{stage}/acc", accuracy, on_step=on_step, on_epoch=True, prog_bar=True)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True, **options)
         if stage != "train":
-            self.log(f"{stage}/nll", task_nll(logits, target, self.task), on_epoch=True)
+            self.log(f"{stage}/nll", task_nll(logits, target, self.task), **options)
         return self.validation_output(logits, target, loss)
 
     def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:

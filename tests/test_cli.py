@@ -28,6 +28,8 @@ QUICK = [
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI: keep each test on its own store.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 def test_configs_are_shipped():
@@ -55,7 +57,7 @@ def test_every_config_fits_end_to_end(config, tmp_path):
     assert trainer.global_step == 2
     for key in ("train/loss_epoch", "val/loss", "val/acc", "val/nll"):
         assert torch.isfinite(trainer.callback_metrics[key]), key
-    assert (tmp_path / "lightning_logs").is_dir()
+    assert (tmp_path / "mlflow.db").is_file()  # the default local MLflow store
     # The model's criterion is the one the YAML names.
     criterion_config = cli.config["fit"]["model"]["criterion"]
     class_path = criterion_config["class_path"]
@@ -91,7 +93,7 @@ def test_misspelled_key_fails_at_start_up_naming_it(tmp_path, capsys):
         main(["fit", "--config", str(bad), *QUICK])
     assert exit_info.value.code != 0
     assert "gama" in capsys.readouterr().err
-    assert not (tmp_path / "lightning_logs").exists()  # nothing ran
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran
 
 
 def test_schedule_on_missing_attribute_fails_naming_it(tmp_path):
@@ -105,7 +107,8 @@ def test_schedule_on_missing_attribute_fails_naming_it(tmp_path):
         "          init_args: {start_value: 0.0, end_value: 1.0}\n"
     )
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("  callbacks: []\n", "  callbacks:" + scheduler))
+    assert "  callbacks:\n" in text
+    bad.write_text(text.replace("  callbacks:\n", "  callbacks:" + scheduler, 1))
     with pytest.raises(ValueError, match="margin") as error:
         main(["fit", "--config", str(bad), *QUICK])
     assert "gamma" in str(error.value)  # the message lists what FocalLoss does have

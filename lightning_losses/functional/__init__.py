@@ -7,6 +7,7 @@ Every function takes logits first and the target second, keyword-only hyper-para
 
 from .binary import binary_focal_loss, binary_hard_truncated_loss, binary_soft_truncated_loss
 from .exact import exact_log_probability, exact_loss
+from .linear import linear_target_loss
 from .multilabel import multilabel_categorical_crossentropy, nm_categorical_crossentropy
 from .scale import feature_incay, normface_min_scale
 from .target_probability import (
@@ -31,6 +32,7 @@ __all__ = [
     "focal_loss",
     "gamma_cross_entropy",
     "hard_truncated_loss",
+    "linear_target_loss",
     "multilabel_categorical_crossentropy",
     "nm_categorical_crossentropy",
     "normface_min_scale",

@@ -37,7 +37,12 @@ from ._core import Phi, compute_dtype
 from ._validation import check_range, check_reduction
 from .target_probability import FAMILY, check_adaptive_focal, check_gamma_ce
 
-__all__ = ["LINEAR_TARGET_LOSSES", "default_chunk_size", "linear_target_loss"]
+__all__ = [
+    "LINEAR_TARGET_LOSSES",
+    "default_chunk_size",
+    "linear_prediction_statistics",
+    "linear_target_loss",
+]
 
 #: Hyper-parameters of each loss and their defaults (those of the plain-logits functions).
 LINEAR_TARGET_LOSSES: dict[str, dict[str, Any]] = {
@@ -524,3 +529,70 @@ def linear_target_loss(
             values, _, _ = _forward_chunks(head, phi, resolved)
             result = _reduce(head, values, reduction)
     return result.reshape(target.shape) if reduction == "none" else result
+
+
+@torch.no_grad()
+def linear_prediction_statistics(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    *,
+    bias: Tensor | None = None,
+    chunk_size: int | None = None,
+    ignore_index: int = -100,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token ``log p_t``, top-label confidence and correctness, chunk by chunk, no gradient.
+
+    For the non-ignored rows of ``logits = hidden @ weight.T + bias`` (in their flattened
+    order): ``log p_t = x_t - logsumexp(x)`` (so ``-log p_t`` is the token's cross-entropy
+    whatever loss trained the model), the confidence ``max_j softmax(x)_j = 1 / sum_j
+    exp(x_j - max x)`` and whether ``argmax x == t``. These are what perplexity and a top-label
+    calibration error need, without the ``[N, V]`` logits.
+
+    Args:
+        hidden: ``[N, H]`` or ``[B, L, H]`` hidden states.
+        weight: ``[V, H]`` output weight.
+        target: class indices of the shape of ``hidden`` without its last dimension.
+        bias: optional ``[V]`` output bias.
+        chunk_size: rows per chunk (``None``: :func:`default_chunk_size`).
+        ignore_index: rows with this target are left out.
+
+    Returns:
+        ``(log_p, confidence, correct)``, each ``[count]``: float32 at least, and bool.
+
+    Example:
+        >>> hidden = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        >>> weight = torch.tensor([[2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+        >>> log_p, confidence, correct = linear_prediction_statistics(
+        ...     hidden, weight, torch.tensor([0, 2, -100])
+        ... )
+        >>> -log_p, confidence, correct
+        (tensor([0.2395, 1.0986]), tensor([0.7870, 0.3333]), tensor([ True, False]))
+    """
+    _check_inputs(hidden, weight, target, bias, ignore_index, validate_args=False)
+    with torch.autocast(hidden.device.type, enabled=False):
+        head = _Head.build(
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            bias,
+            target.reshape(-1),
+            ignore_index,
+            chunk_size,
+        )
+        device = hidden.device
+        log_p = torch.empty(head.count, dtype=head.dtype, device=device)
+        confidence = torch.empty_like(log_p)
+        correct = torch.empty(head.count, dtype=torch.bool, device=device)
+        if head.count == 0:
+            return log_p, confidence, correct
+        buffer = head.logits_buffer()
+        for start, size, _, chunk_hidden, chunk_target in head.chunks():
+            logits = head.logits(chunk_hidden, buffer.narrow(0, 0, size))
+            top, prediction = logits.max(1, keepdim=True)
+            logits.sub_(top)
+            target_logit = logits.gather(1, chunk_target.unsqueeze(1)).squeeze(1)
+            denominator = logits.exp_().sum(1)
+            log_p.narrow(0, start, size).copy_(target_logit - denominator.log())
+            confidence.narrow(0, start, size).copy_(denominator.reciprocal())
+            correct.narrow(0, start, size).copy_(prediction.squeeze(1) == chunk_target)
+    return log_p, confidence, correct

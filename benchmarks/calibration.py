@@ -1,0 +1,146 @@
+"""Top-label ECE on [N, C] float32 probabilities: ours beside torchmetrics and netcal, one run.
+
+Usage::
+
+    python benchmarks/calibration.py                   # 1,000,000 x 100, 15 bins, CPU
+    python benchmarks/calibration.py --rows 100000 --repeats 3
+    python benchmarks/calibration.py --markdown        # the README table
+
+The probabilities are the softmax of Gaussian logits whose scale varies per row (uniform in
+[0, 8]), so the top-label confidences spread over all the bins; the target is the arg-max with
+probability ``0.9 * confidence`` and a uniform class otherwise (a mildly over-confident model).
+Every candidate gets the same tensors (netcal a zero-copy numpy view of them). Times are the
+median of ``--repeats`` calls after one warm-up, the candidates interleaved within each
+repetition so that drift of the machine hits them alike; each ratio is the candidate's time over
+ours (``calibration_error`` with its default ``validate_args=True``) in the same run.
+
+Conventions: ours bins ``(k/B, (k+1)/B]``; torchmetrics and netcal bin ``[k/B, (k+1)/B)``, and
+netcal clips confidences to ``[eps, 1 - eps]`` (float32 ``eps`` = 1.2e-7). The values can only
+differ through confidences that lie exactly on an inner edge (the script counts them) or the
+clipping, both reported; torchmetrics sums in float32, ours in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from lightning_losses.calibration import CalibrationError, calibration_error
+
+
+def make_inputs(rows: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.empty(rows, 1).uniform_(0.0, 8.0, generator=gen)
+    probs = torch.softmax(torch.randn(rows, classes, generator=gen) * scale, dim=1)
+    confidence, top = probs.max(dim=1)
+    hit = torch.rand(rows, generator=gen) < 0.9 * confidence
+    target = torch.where(hit, top, torch.randint(0, classes, (rows,), generator=gen))
+    return probs, target
+
+
+def candidates(
+    probs: torch.Tensor, target: torch.Tensor, n_bins: int, with_netcal: bool
+) -> dict[str, Callable[[], float]]:
+    classes = probs.shape[1]
+
+    def ours_metric() -> float:
+        metric = CalibrationError(num_classes=classes, n_bins=n_bins)
+        metric.update(probs, target)
+        return metric.compute().item()
+
+    cases: dict[str, Callable[[], float]] = {
+        "ours calibration_error": lambda: calibration_error(probs, target, n_bins=n_bins).item(),
+        "ours calibration_error(validate_args=False)": lambda: calibration_error(
+            probs, target, n_bins=n_bins, validate_args=False
+        ).item(),
+        "ours CalibrationError update+compute": ours_metric,
+    }
+    try:
+        from torchmetrics.functional.classification import multiclass_calibration_error
+
+        cases["torchmetrics multiclass_calibration_error"] = lambda: multiclass_calibration_error(
+            probs, target, num_classes=classes, n_bins=n_bins
+        ).item()
+    except ImportError:  # the table says which peers ran
+        pass
+    if with_netcal:
+        try:
+            from netcal.metrics import ECE
+
+            x, y = probs.numpy(), target.numpy()
+            cases["netcal ECE(bins).measure"] = lambda: float(ECE(bins=n_bins).measure(x, y))
+        except ImportError:
+            pass
+    return cases
+
+
+def edge_hits(probs: torch.Tensor, n_bins: int) -> int:
+    """How many top-label confidences equal an inner edge k/B (float32)."""
+    confidence = probs.max(dim=1).values
+    edges = (torch.arange(1, n_bins, dtype=torch.float64) / n_bins).float()
+    return int(torch.isin(confidence, edges).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--bins", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-netcal", action="store_true", help="skip netcal (slowest)")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+
+    probs, target = make_inputs(args.rows, args.classes)
+    cases = candidates(probs, target, args.bins, with_netcal=not args.no_netcal)
+    values = {name: case() for name, case in cases.items()}  # warm-up, and the values
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.repeats):
+        for name, case in cases.items():
+            start = time.perf_counter()
+            case()
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(t) for name, t in times.items()}
+
+    base = "ours calibration_error"
+    title = (
+        f"top-label ECE, {args.bins} bins, probabilities [{args.rows:,}, {args.classes}] float32, "
+        f"CPU ({torch.get_num_threads()} threads), torch {torch.__version__}; "
+        f"median of {args.repeats}"
+    )
+    header = ["implementation", "ms", "time / ours", "ECE", "|ECE - ours|"]
+    rows = [
+        [
+            name,
+            f"{1000 * median[name]:.1f}",
+            f"{median[name] / median[base]:.2f}x",
+            f"{values[name]:.9f}",
+            f"{abs(values[name] - values[base]):.1e}",
+        ]
+        for name in cases
+    ]
+    if args.markdown:
+        print(f"{title}.\n")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        print(title)
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    hits = edge_hits(probs, args.bins)
+    saturated = int((probs.max(dim=1).values == 1).sum())
+    print(
+        f"\nconfidences exactly on an inner edge k/{args.bins}: {hits} (binned differently by "
+        f"the peers); exactly 1: {saturated} (clipped to 1 - eps by netcal)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Calibration analytics: calibration errors, Brier score and NLL as functions and metrics.
+
+``lightning_losses.calibration.functional`` holds the pure functions, ``.metrics`` the
+torchmetrics ``Metric``s (float64 per-bin sums as state, DDP-ready). This package imports torch
+and torchmetrics only; netcal and matplotlib are imported lazily by the modules that need them.
+"""
+
+from .functional import (
+    accuracy,
+    adaptive_calibration_error,
+    binned_statistics,
+    brier_score,
+    calibration_error,
+    calibration_error_from_bins,
+    classwise_binned_statistics,
+    classwise_calibration_error,
+    confidence_and_correct,
+    equal_mass_binned_statistics,
+    mean_confidence,
+    negative_log_likelihood,
+    resolve_task,
+)
+from .metrics import (
+    Accuracy,
+    AdaptiveCalibrationError,
+    BrierScore,
+    CalibrationError,
+    ClasswiseCalibrationError,
+    MeanConfidence,
+    NegativeLogLikelihood,
+)
+
+__all__ = [
+    "Accuracy",
+    "AdaptiveCalibrationError",
+    "BrierScore",
+    "CalibrationError",
+    "ClasswiseCalibrationError",
+    "MeanConfidence",
+    "NegativeLogLikelihood",
+    "accuracy",
+    "adaptive_calibration_error",
+    "binned_statistics",
+    "brier_score",
+    "calibration_error",
+    "calibration_error_from_bins",
+    "classwise_binned_statistics",
+    "classwise_calibration_error",
+    "confidence_and_correct",
+    "equal_mass_binned_statistics",
+    "mean_confidence",
+    "negative_log_likelihood",
+    "resolve_task",
+]

@@ -1,0 +1,230 @@
+"""Reliability diagrams drawn from the per-bin sums of an equal-width calibration metric.
+
+A top-label calibration metric with ``B`` equal-width bins keeps three arrays of length ``B``:
+``count[k]`` (samples whose confidence falls in bin ``k``), ``conf_sum[k]`` (the sum of their
+confidences) and ``correct_sum[k]`` (how many of them were predicted correctly). Everything a
+reliability diagram shows follows from them:
+
+.. math::
+
+    \\operatorname{acc}(k) = \\frac{\\text{correct\\_sum}_k}{n_k}, \\qquad
+    \\operatorname{conf}(k) = \\frac{\\text{conf\\_sum}_k}{n_k}, \\qquad
+    \\operatorname{ECE} = \\sum_k \\frac{n_k}{N}\\,\\lvert \\operatorname{acc}(k) -
+    \\operatorname{conf}(k) \\rvert = \\frac{1}{N} \\sum_k \\lvert \\text{conf\\_sum}_k -
+    \\text{correct\\_sum}_k \\rvert .
+
+The layout follows Guo et al., "On Calibration of Modern Neural Networks" (ICML 2017), Fig. 1:
+accuracy bars per bin with the gap to the mean confidence drawn on top, the diagonal of perfect
+calibration, and a confidence histogram below. Figures are built on
+:class:`matplotlib.figure.Figure` with an Agg canvas, never through ``pyplot``: no window opens,
+no global figure registry fills up, and drawing is safe from several threads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["reliability_diagram", "save_reliability_diagram"]
+
+#: Figure size in inches and resolution of the saved PNG (500 x 600 pixels).
+FIGSIZE = (5.0, 6.0)
+DPI = 100
+
+
+def _as_float64(x: Any, name: str) -> np.ndarray:
+    """A 1-D float64 NumPy copy of a tensor, array or sequence."""
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        x = x.detach().cpu().double().numpy()
+    array = np.asarray(x, dtype=np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D (one value per bin), got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"`{name}` contains non-finite values")
+    return array
+
+
+def _check_bins(count: Any, conf_sum: Any, correct_sum: Any) -> tuple[np.ndarray, ...]:
+    """Validate the three per-bin arrays and return them as float64 NumPy arrays."""
+    count = _as_float64(count, "count")
+    conf_sum = _as_float64(conf_sum, "conf_sum")
+    correct_sum = _as_float64(correct_sum, "correct_sum")
+    if not count.shape == conf_sum.shape == correct_sum.shape:
+        raise ValueError(
+            "count, conf_sum and correct_sum must have the same length, got "
+            f"{count.shape[0]}, {conf_sum.shape[0]} and {correct_sum.shape[0]}"
+        )
+    if count.shape[0] == 0:
+        raise ValueError("need at least one bin")
+    if np.any(count < 0):
+        raise ValueError("`count` must be non-negative")
+    slack = 1e-9 * np.maximum(count, 1.0)
+    for name, sums in (("conf_sum", conf_sum), ("correct_sum", correct_sum)):
+        if np.any(sums < -slack) or np.any(sums > count + slack):
+            raise ValueError(f"`{name}` must lie in [0, count] bin by bin")
+    if count.sum() <= 0:
+        raise ValueError("all bins are empty (N = 0): there is nothing to draw")
+    return count, conf_sum, correct_sum
+
+
+def _ece(count: np.ndarray, conf_sum: np.ndarray, correct_sum: np.ndarray) -> float:
+    """``sum_k |conf_sum_k - correct_sum_k| / N``, the top-label l1 calibration error."""
+    return float(np.abs(conf_sum - correct_sum).sum() / count.sum())
+
+
+def reliability_diagram(
+    count: Any,
+    conf_sum: Any,
+    correct_sum: Any,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    title: str | None = None,
+    ece: float | None = None,
+    show_histogram: bool = True,
+) -> Figure:
+    """Draw a reliability diagram (and a confidence histogram) from per-bin sums.
+
+    Bin ``k`` of ``B`` covers confidences ``(k/B, (k+1)/B]``. The top panel draws, for every
+    non-empty bin, a bar up to its accuracy ``correct_sum_k / n_k`` and a red hatched bar
+    between the accuracy and the mean confidence ``conf_sum_k / n_k`` (the calibration gap),
+    with the diagonal of perfect calibration; an empty bin gets no bar at all. Its title shows
+    the expected calibration error ``ECE = sum_k |conf_sum_k - correct_sum_k| / N``. The bottom
+    panel is the histogram of ``n_k`` with the overall mean confidence and accuracy marked.
+
+    The bars carry labels so that they can be found on the returned figure:
+    ``fig.axes[0].containers`` holds a ``"Accuracy"`` and a ``"Gap"`` container with one patch
+    per non-empty bin, and ``fig.axes[1].containers`` a ``"Samples"`` container with one patch
+    per bin.
+
+    Args:
+        count: samples per bin, shape ``[B]`` (tensor, array or sequence).
+        conf_sum: sum of the top-label confidences per bin, shape ``[B]``.
+        correct_sum: number of correct top-label predictions per bin, shape ``[B]``.
+        path: if given, the figure is saved there (PNG unless the suffix says otherwise)
+            at ``5 x 6`` inches and 100 dpi, i.e. 500 x 600 pixels.
+        title: first line of the title of the top panel; the ECE goes on the line below.
+        ece: the ECE to show; computed from the three arrays if ``None``.
+        show_histogram: draw the bottom panel.
+
+    Returns:
+        The :class:`matplotlib.figure.Figure` (Agg canvas, not registered with ``pyplot``).
+
+    Raises:
+        ValueError: if the arrays are not 1-D of one length, hold non-finite or inconsistent
+            values, or are all empty (``N = 0``).
+
+    Example:
+        >>> fig = reliability_diagram([0, 2, 3, 5], [0.0, 0.7, 1.9, 4.6], [0, 1, 2, 4])
+        >>> fig.axes[0].get_title()
+        'ECE = 0.1000'
+        >>> len(fig.axes[0].containers[0])  # one accuracy bar per non-empty bin
+        3
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
+    n_bins = count.shape[0]
+    total = count.sum()
+    if ece is None:
+        ece = _ece(count, conf_sum, correct_sum)
+
+    nonempty = count > 0
+    edges = np.arange(n_bins, dtype=np.float64)[nonempty] / n_bins
+    accuracy = correct_sum[nonempty] / count[nonempty]
+    confidence = conf_sum[nonempty] / count[nonempty]
+    width = 1.0 / n_bins
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    if show_histogram:
+        ax, hist_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    else:
+        ax, hist_ax = fig.subplots(), None
+
+    ax.bar(
+        edges,
+        accuracy,
+        width=width,
+        align="edge",
+        color="tab:blue",
+        edgecolor="black",
+        linewidth=0.6,
+        label="Accuracy",
+    )
+    ax.bar(
+        edges,
+        np.abs(confidence - accuracy),
+        bottom=np.minimum(accuracy, confidence),
+        width=width,
+        align="edge",
+        color="tab:red",
+        alpha=0.35,
+        edgecolor="tab:red",
+        hatch="//",
+        linewidth=0.6,
+        label="Gap",
+    )
+    ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="Perfect calibration")
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel("Accuracy")
+    ax.set_title(f"ECE = {ece:.4f}" if title is None else f"{title}\nECE = {ece:.4f}")
+    ax.legend(loc="upper left")
+
+    if hist_ax is not None:
+        all_edges = np.arange(n_bins, dtype=np.float64) / n_bins
+        hist_ax.bar(
+            all_edges,
+            count,
+            width=width,
+            align="edge",
+            color="tab:gray",
+            edgecolor="black",
+            linewidth=0.6,
+            label="Samples",
+        )
+        hist_ax.axvline(conf_sum.sum() / total, color="tab:red", linestyle="--", label="Avg. conf.")
+        hist_ax.axvline(correct_sum.sum() / total, color="tab:blue", linestyle="-", label="Acc.")
+        hist_ax.set_ylabel("Count")
+        hist_ax.set_xlabel("Confidence")
+        hist_ax.legend(loc="upper left", fontsize="small")
+    else:
+        ax.set_xlabel("Confidence")
+
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=DPI)
+    return fig
+
+
+def save_reliability_diagram(
+    metric_or_bins: Any, path: str | os.PathLike[str], **kwargs: Any
+) -> Figure:
+    """Save the reliability diagram of a metric, or of three per-bin arrays, to ``path``.
+
+    Args:
+        metric_or_bins: a tuple ``(count, conf_sum, correct_sum)``, or any object with a
+            ``bins()`` method returning that tuple (e.g. an equal-width calibration metric).
+        path: where to write the image (PNG unless the suffix says otherwise).
+        **kwargs: passed on to :func:`reliability_diagram` (``title``, ``ece``,
+            ``show_histogram``).
+
+    Returns:
+        The figure that was saved.
+
+    Raises:
+        TypeError: if ``metric_or_bins`` is neither three arrays nor has ``bins()``.
+    """
+    bins_method = getattr(metric_or_bins, "bins", None)
+    bins = bins_method() if callable(bins_method) else metric_or_bins
+    if not isinstance(bins, (tuple, list)) or len(bins) != 3:
+        raise TypeError(
+            "expected (count, conf_sum, correct_sum) or an object whose bins() returns them, "
+            f"got {type(metric_or_bins).__name__}"
+        )
+    return reliability_diagram(*bins, path=path, **kwargs)

@@ -1,0 +1,723 @@
+"""Calibration metrics as pure functions: binned calibration errors, Brier score, NLL, accuracy.
+
+Every function takes ``preds`` and ``target`` in one of three forms, told apart by shapes and
+dtypes only (never by the values):
+
+- ``"multiclass"``: ``preds`` ``[N, C]``, integer class indices ``target`` ``[N]``;
+- ``"binary"``: ``preds`` ``[N]`` (positive-class probabilities or logits), ``target`` ``[N]``
+  in {0, 1} (bool, integer or float);
+- ``"multilabel"``: ``preds`` ``[N, K]``, ``target`` ``[N, K]`` in {0, 1}; every label is a
+  binary problem and the ``N * K`` decisions are pooled (flattened).
+
+``input_format`` says whether ``preds`` are probabilities (``"probs"``, the default) or logits
+(``"logits"``: softmax over classes for multiclass, sigmoid otherwise). Nothing is guessed
+from value ranges; with ``validate_args=True`` probabilities outside [0, 1] raise instead.
+
+Equal-width binning uses ``B`` bins ``(k/B, (k+1)/B]``, a confidence of 0 in the first: the
+bin of ``c`` is ``clamp(ceil(c·B) - 1, 0, B-1)``, with the edges ``k/B`` rounded to the
+confidences' own dtype, so that a confidence equal to ``k/B`` (as written in that dtype) lands
+in bin ``k - 1``. Per-bin sums (count, sum of confidences, sum of correct) are float64.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Task = Literal["binary", "multiclass", "multilabel"]
+Norm = Literal["l1", "max", "l2", "mean"]
+InputFormat = Literal["probs", "logits"]
+
+TASKS = ("binary", "multiclass", "multilabel")
+NORMS = ("l1", "max", "l2", "mean")
+INPUT_FORMATS = ("probs", "logits")
+
+__all__ = [
+    "accuracy",
+    "adaptive_calibration_error",
+    "binned_statistics",
+    "brier_score",
+    "calibration_error",
+    "calibration_error_from_bins",
+    "classwise_binned_statistics",
+    "classwise_calibration_error",
+    "confidence_and_correct",
+    "equal_mass_binned_statistics",
+    "mean_confidence",
+    "negative_log_likelihood",
+    "resolve_task",
+]
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        options = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {options}; got {value!r}")
+
+
+def check_n_bins(n_bins: int) -> None:
+    """Raise unless ``n_bins`` is an integer of at least 1."""
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int):
+        raise TypeError(f"n_bins must be an int; got {type(n_bins).__name__}")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be at least 1; got {n_bins}")
+
+
+def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
+    """Return the task of ``(preds, target)`` from their shapes and dtypes, checking both.
+
+    ``preds [N]`` is binary; ``preds [N, C]`` with ``target [N]`` is multiclass; ``preds
+    [N, K]`` with ``target [N, K]`` is multi-label. An explicit ``task`` must agree with the
+    shapes.
+
+    Raises:
+        TypeError: ``preds`` is not a floating tensor, ``target`` is not a tensor, or a
+            multiclass ``target`` does not hold integers.
+        ValueError: unknown ``task``, or shapes that fit no task (or not the given one).
+
+    Example:
+        >>> resolve_task(torch.rand(4, 3), torch.tensor([0, 2, 1, 0]))
+        'multiclass'
+        >>> resolve_task(torch.rand(4, 3), torch.ones(4, 3))
+        'multilabel'
+        >>> resolve_task(torch.rand(4), torch.tensor([0, 1, 1, 0]))
+        'binary'
+    """
+    if task is not None:
+        check_choice("task", task, TASKS)
+    if not isinstance(preds, Tensor):
+        raise TypeError(f"preds must be a torch.Tensor; got {type(preds).__name__}")
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be a torch.Tensor; got {type(target).__name__}")
+    if not preds.is_floating_point():
+        raise TypeError(
+            f"preds must be a floating-point tensor of probabilities or logits; got {preds.dtype}"
+        )
+    shapes = f"preds {list(preds.shape)} and target {list(target.shape)}"
+    if preds.dim() == 1 and target.shape == preds.shape:
+        found = "binary"
+    elif preds.dim() == 2 and target.dim() == 1 and target.shape[0] == preds.shape[0]:
+        found = "multiclass"
+    elif preds.dim() == 2 and target.shape == preds.shape:
+        found = "multilabel"
+    else:
+        raise ValueError(
+            f"cannot match {shapes}: expected preds [N] with target [N] (binary), preds [N, C] "
+            "with target [N] (multiclass) or preds [N, K] with target [N, K] (multilabel)"
+        )
+    if task is not None and task != found:
+        raise ValueError(f"task={task!r} does not fit {shapes}, which have the {found} shapes")
+    if found == "multiclass" and (
+        target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"target must hold class indices (an integer tensor [N]) for multiclass preds "
+            f"[N, C]; got dtype {target.dtype}"
+        )
+    if target.is_complex():
+        raise TypeError(f"target must be a bool, integer or float tensor; got {target.dtype}")
+    return found
+
+
+def _check_values(
+    preds: Tensor,
+    target: Tensor,
+    task: str,
+    input_format: str,
+    *,
+    row_max: Tensor | None = None,
+) -> None:
+    """Check target values and, for probabilities, that ``preds`` lie in [0, 1].
+
+    ``row_max`` (the per-row maxima of multiclass ``preds``, already computed by the caller)
+    saves one pass: ``torch.max`` propagates NaN, so only the minimum needs another pass.
+    """
+    if target.numel() > 0:
+        if task == "multiclass":
+            num_classes = preds.shape[1]
+            low, high = torch.aminmax(target)
+            if low < 0 or high >= num_classes:
+                bad = int(low) if low < 0 else int(high)
+                raise ValueError(
+                    f"target values must lie in [0, {num_classes - 1}] for preds with "
+                    f"C={num_classes} classes; found {bad}"
+                )
+        elif target.dtype != torch.bool:
+            bad = (target != 0) & (target != 1)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"target values must be 0 or 1 for {task} inputs; found "
+                    f"{target[bad].flatten()[0].item()}"
+                )
+    if input_format != "probs" or preds.numel() == 0:
+        return
+    if row_max is not None:
+        low, high = preds.min(), row_max.max()
+    else:
+        low, high = torch.aminmax(preds)
+    if torch.isnan(low) or torch.isnan(high):
+        raise ValueError("preds must be probabilities in [0, 1] (input_format='probs'); found nan")
+    if low < 0 or high > 1:
+        bad = float(low) if low < 0 else float(high)
+        raise ValueError(
+            f"preds must be probabilities in [0, 1] with input_format='probs'; found {bad} "
+            "(pass input_format='logits' for logits)"
+        )
+
+
+def _prepare(
+    preds: Tensor,
+    target: Tensor,
+    task: str | None,
+    input_format: str,
+    validate_args: bool,
+    *,
+    values_checked_later: bool = False,
+) -> tuple[Tensor, Tensor, str]:
+    """Check arguments; return detached ``preds``, ``target`` and the resolved task."""
+    check_choice("input_format", input_format, INPUT_FORMATS)
+    task = resolve_task(preds, target, task)
+    preds, target = preds.detach(), target.detach()
+    if validate_args and not values_checked_later:
+        _check_values(preds, target, task, input_format)
+    return preds, target, task
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other floating dtype is computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _binary_probs(preds: Tensor, input_format: str) -> Tensor:
+    """Positive-class probabilities (float64 sigmoid of logits, else as given)."""
+    if input_format == "logits":
+        return torch.sigmoid(preds.to(torch.float64))
+    return preds
+
+
+def _class_probs(preds: Tensor, input_format: str) -> Tensor:
+    """``[N, C]`` class probabilities (float64 softmax of logits, else as given)."""
+    if input_format == "logits":
+        return torch.softmax(preds.to(torch.float64), dim=1)
+    return preds
+
+
+def _top_label_from_logits(logits: Tensor, row_max: Tensor) -> Tensor:
+    """``max_c softmax(x)_c = exp(max_c x_c - logsumexp_c x_c)``, without an ``[N, C]`` softmax.
+
+    The log-sum-exp runs in float32 (float64 for float64 logits), row by row; the exponential in
+    float64, so the result does not depend on how rows are batched.
+    """
+    lse = torch.logsumexp(logits.to(_work_dtype(logits.dtype)), dim=1)
+    return torch.exp(row_max.to(torch.float64) - lse.to(torch.float64))
+
+
+# --- per-sample confidence and correctness -----------------------------------------------------
+
+
+def confidence_and_correct(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Per-sample confidence and correctness, the inputs of every binned calibration error.
+
+    - multiclass (top label): ``confidence = max_c p_c``, ``correct = 1[argmax_c p_c = y]``;
+      one pass over ``[N, C]`` (``torch.max`` returns both); from logits
+      ``confidence = exp(max_c x_c - logsumexp_c x_c)``, no ``[N, C]`` softmax is made.
+    - binary (positive class): ``confidence = p``, ``correct = y``, as netcal and torchmetrics'
+      ``binary_calibration_error`` do; feed ``[N, 2]`` multiclass preds for the top label.
+    - multilabel: each label as binary, flattened to ``N * K`` pairs.
+
+    Args:
+        preds: ``[N, C]``, ``[N]`` or ``[N, K]`` probabilities or logits (see the module doc).
+        target: ``[N]`` class indices, ``[N]`` or ``[N, K]`` labels in {0, 1}.
+        input_format: ``"probs"`` or ``"logits"``.
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; ``None`` infers it from the
+            shapes.
+        validate_args: check target values and that probabilities lie in [0, 1].
+
+    Returns:
+        ``confidence`` and ``correct``, both 1-D. ``confidence`` keeps the dtype of
+        probabilities (the bin edges follow it, see :func:`binned_statistics`) and is float64
+        when computed from logits; ``correct`` is float64.
+
+    Example:
+        >>> preds = torch.tensor([[0.7, 0.2, 0.1], [0.3, 0.6, 0.1]])
+        >>> conf, correct = confidence_and_correct(preds, torch.tensor([0, 0]))
+        >>> conf, correct
+        (tensor([0.7000, 0.6000]), tensor([1., 0.], dtype=torch.float64))
+    """
+    preds, target, task = _prepare(
+        preds, target, task, input_format, validate_args, values_checked_later=True
+    )
+    if task == "multiclass":
+        values, indices = preds.max(dim=1)
+        if validate_args:
+            _check_values(preds, target, task, input_format, row_max=values)
+        if input_format == "logits":
+            values = _top_label_from_logits(preds, values)
+        return values, (indices == target).to(torch.float64)
+    if validate_args:
+        _check_values(preds, target, task, input_format)
+    probs = _binary_probs(preds, input_format).reshape(-1)
+    return probs, target.reshape(-1).to(torch.float64)
+
+
+# --- binning ---------------------------------------------------------------------------------
+
+
+def _bin_index(confidence: Tensor, n_bins: int) -> Tensor:
+    """Equal-width bin of each confidence: the number of edges ``k/B`` (1 <= k < B) below it.
+
+    That is ``clamp(ceil(c·B) - 1, 0, B-1)``: bins ``(k/B, (k+1)/B]``, 0 in the first. The
+    edges are rounded to the confidences' dtype and compared exactly (in float32, or float64
+    for float64 input), so ``c`` equal to ``k/B`` in its own dtype falls in bin ``k - 1``.
+    """
+    work = _work_dtype(confidence.dtype)
+    edges = torch.arange(1, n_bins, dtype=torch.float64, device=confidence.device) / n_bins
+    edges = edges.to(confidence.dtype).to(work)
+    return torch.bucketize(confidence.to(work), edges, right=False, out_int32=True)
+
+
+def binned_statistics(
+    confidence: Tensor, correct: Tensor, n_bins: int = 15
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Equal-width bin sums: ``(count, conf_sum, correct_sum)``, float64 tensors ``[n_bins]``.
+
+    ``count_b = #{i : c_i in bin b}``, ``conf_sum_b = sum_{i in b} c_i``, ``correct_sum_b =
+    sum_{i in b} a_i``, bins ``(k/B, (k+1)/B]`` with 0 in the first (see :func:`_bin_index`).
+    These three arrays are the whole state of the equal-width metrics and of a reliability
+    diagram: mean confidence ``conf_sum / count`` and accuracy ``correct_sum / count`` per bin.
+
+    Args:
+        confidence: 1-D confidences in [0, 1] (any floating dtype).
+        correct: 1-D correctness (0/1, or a frequency), same length.
+        n_bins: number of bins ``B >= 1``.
+
+    Example:
+        >>> count, conf_sum, correct_sum = binned_statistics(
+        ...     torch.tensor([0.0, 0.25, 0.3, 1.0]), torch.tensor([0.0, 1.0, 1.0, 1.0]), 4
+        ... )
+        >>> count  # 0.25 = 1/4 closes the first bin (0, 1/4]
+        tensor([2., 1., 0., 1.], dtype=torch.float64)
+        >>> conf_sum
+        tensor([0.2500, 0.3000, 0.0000, 1.0000], dtype=torch.float64)
+        >>> correct_sum
+        tensor([1., 1., 0., 1.], dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    if not isinstance(confidence, Tensor) or not confidence.is_floating_point():
+        raise TypeError("confidence must be a floating-point tensor of values in [0, 1]")
+    confidence = confidence.detach().reshape(-1)
+    correct = correct.detach().reshape(-1)
+    if confidence.shape != correct.shape:
+        raise ValueError(
+            f"confidence and correct must have the same length; got {confidence.numel()} and "
+            f"{correct.numel()}"
+        )
+    index = _bin_index(confidence, n_bins)
+    return _bin_sums(index, confidence, correct, n_bins)
+
+
+def _bin_sums(
+    index: Tensor, confidence: Tensor, correct: Tensor, size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Count (``bincount``) and two float64 ``index_add_`` sums into ``size`` bins."""
+    options = {"dtype": torch.float64, "device": confidence.device}
+    count = torch.bincount(index, minlength=size).to(torch.float64)
+    conf_sum = torch.zeros(size, **options).index_add_(0, index, confidence.to(torch.float64))
+    correct_sum = torch.zeros(size, **options).index_add_(0, index, correct.to(torch.float64))
+    return count, conf_sum, correct_sum
+
+
+def equal_mass_binned_statistics(
+    confidence: Tensor, correct: Tensor, n_bins: int = 15
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Equal-mass (adaptive) bin sums ``(count, conf_sum, correct_sum)``, float64 ``[n_bins]``.
+
+    The ``N`` pairs are sorted by confidence (ties by correctness, so the result depends only on
+    the multiset of pairs, not on their order) and bin ``b`` takes sorted positions
+    ``[floor(b·N/B), floor((b+1)·N/B))``: counts differ by at most one; with ``N < B`` some bins
+    are empty. Source: Nixon et al., "Measuring Calibration in Deep Learning", CVPR-W 2019.
+
+    Example:
+        >>> count, conf_sum, correct_sum = equal_mass_binned_statistics(
+        ...     torch.tensor([0.9, 0.1, 0.8, 0.2]), torch.tensor([1.0, 0.0, 0.0, 1.0]), 2
+        ... )
+        >>> count, correct_sum
+        (tensor([2., 2.], dtype=torch.float64), tensor([1., 1.], dtype=torch.float64))
+    """
+    check_n_bins(n_bins)
+    confidence = confidence.detach().reshape(-1).to(torch.float64)
+    correct = correct.detach().reshape(-1).to(torch.float64)
+    if confidence.shape != correct.shape:
+        raise ValueError(
+            f"confidence and correct must have the same length; got {confidence.numel()} and "
+            f"{correct.numel()}"
+        )
+    n = confidence.numel()
+    by_correct = torch.argsort(correct, stable=True)
+    order = by_correct[torch.argsort(confidence[by_correct], stable=True)]
+    positions = torch.arange(n, device=confidence.device)
+    index = ((positions + 1) * n_bins - 1).div(max(n, 1), rounding_mode="floor")
+    return _bin_sums(index, confidence[order], correct[order], n_bins)
+
+
+def calibration_error_from_bins(
+    count: Tensor, conf_sum: Tensor, correct_sum: Tensor, norm: Norm = "l1"
+) -> Tensor:
+    """Calibration error from bin sums (the last dimension indexes the bins).
+
+    With ``N = sum_b count_b``, ``conf_b = conf_sum_b / count_b`` and ``acc_b = correct_sum_b /
+    count_b`` over the non-empty bins:
+
+    - ``"l1"`` (ECE): ``sum_b |conf_sum_b - correct_sum_b| / N = sum_b count_b/N |conf_b - acc_b|``
+    - ``"max"`` (MCE): ``max_b |conf_b - acc_b|``
+    - ``"l2"`` (RMSCE): ``sqrt(sum_b count_b (conf_b - acc_b)^2 / N)``
+    - ``"mean"``: ``mean_b |conf_b - acc_b|``, every non-empty bin weighted alike (netcal's
+      ``ACE``, Neumann et al. 2018).
+
+    Sources: Naeini et al., "Obtaining Well Calibrated Probabilities Using Bayesian Binning",
+    AAAI 2015 (ECE, MCE); Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
+    No sample at all gives NaN.
+
+    Example:
+        >>> count = torch.tensor([2.0, 0.0, 2.0], dtype=torch.float64)
+        >>> conf_sum = torch.tensor([0.4, 0.0, 1.8], dtype=torch.float64)
+        >>> correct_sum = torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64)
+        >>> calibration_error_from_bins(count, conf_sum, correct_sum, "l1")
+        tensor(0.1500, dtype=torch.float64)
+        >>> calibration_error_from_bins(count, conf_sum, correct_sum, "max")
+        tensor(0.2000, dtype=torch.float64)
+    """
+    check_choice("norm", norm, NORMS)
+    count, conf_sum, correct_sum = (t.to(torch.float64) for t in (count, conf_sum, correct_sum))
+    gap_sum = conf_sum - correct_sum
+    total = count.sum(dim=-1)
+    nonempty = count > 0
+    safe_count = torch.where(nonempty, count, torch.ones_like(count))
+    gap = (gap_sum / safe_count).abs()  # |conf_b - acc_b|; 0 in empty bins
+    if norm == "l1":
+        return gap_sum.abs().sum(dim=-1) / total
+    if norm == "l2":
+        return torch.sqrt((gap_sum * gap_sum / safe_count).sum(dim=-1) / total)
+    if norm == "mean":
+        return gap.sum(dim=-1) / nonempty.sum(dim=-1)
+    worst = gap.amax(dim=-1) if gap.shape[-1] > 0 else total
+    return torch.where(total > 0, worst, torch.full_like(worst, float("nan")))
+
+
+# --- binned calibration errors ---------------------------------------------------------------
+
+
+def calibration_error(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    norm: Norm = "l1",
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Top-label calibration error with equal-width bins: ECE, MCE or RMS calibration error.
+
+    ``ECE = sum_b (n_b / N) |acc_b - conf_b|`` over ``B`` bins ``(k/B, (k+1)/B]`` of the
+    confidence (see :func:`calibration_error_from_bins` for ``norm``, :func:`confidence_and_correct`
+    for what confidence and correctness mean per task). Sources: Naeini et al., AAAI 2015;
+    Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
+
+    Args:
+        preds: ``[N, C]`` (multiclass), ``[N]`` (binary) or ``[N, K]`` (multi-label) floats.
+        target: ``[N]`` class indices, or labels in {0, 1} of the shape of ``preds``.
+        n_bins: number of equal-width bins.
+        norm: ``"l1"`` (ECE), ``"max"`` (MCE), ``"l2"`` (RMSCE) or ``"mean"`` (netcal's ACE).
+        input_format: ``"probs"`` or ``"logits"``.
+        task: ``None`` (inferred from shapes), ``"multiclass"``, ``"binary"``, ``"multilabel"``.
+        validate_args: check target values and that probabilities lie in [0, 1].
+
+    Returns:
+        A float64 scalar tensor.
+
+    Example:
+        >>> preds = torch.tensor([[0.25, 0.20, 0.55], [0.55, 0.05, 0.40],
+        ...                       [0.10, 0.30, 0.60], [0.90, 0.05, 0.05]])
+        >>> target = torch.tensor([0, 1, 2, 0])
+        >>> calibration_error(preds, target, n_bins=3)
+        tensor(0.2000, dtype=torch.float64)
+        >>> calibration_error(preds.log(), target, n_bins=3, input_format="logits")
+        tensor(0.2000, dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    check_choice("norm", norm, NORMS)
+    confidence, correct = confidence_and_correct(
+        preds, target, input_format=input_format, task=task, validate_args=validate_args
+    )
+    return calibration_error_from_bins(*binned_statistics(confidence, correct, n_bins), norm)
+
+
+def adaptive_calibration_error(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    norm: Norm = "l1",
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Adaptive (equal-mass) calibration error: the ECE over bins holding equal numbers of samples.
+
+    ``sum_b |conf_sum_b - correct_sum_b| / N`` with the bins of
+    :func:`equal_mass_binned_statistics` (confidence and correctness as in
+    :func:`confidence_and_correct`). Source: Nixon et al., "Measuring Calibration in Deep
+    Learning", CVPR Workshops 2019; Mukhoti et al., "Calibrating Deep Neural Networks using
+    Focal Loss", NeurIPS 2020 (AdaECE).
+
+    Example:
+        >>> preds = torch.tensor([0.9, 0.1, 0.8, 0.2])
+        >>> adaptive_calibration_error(preds, torch.tensor([1, 0, 0, 1]), n_bins=2)
+        tensor(0.3500, dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    check_choice("norm", norm, NORMS)
+    confidence, correct = confidence_and_correct(
+        preds, target, input_format=input_format, task=task, validate_args=validate_args
+    )
+    bins = equal_mass_binned_statistics(confidence, correct, n_bins)
+    return calibration_error_from_bins(*bins, norm)
+
+
+def _per_class(
+    preds: Tensor, target: Tensor, task: str, input_format: str
+) -> tuple[Tensor, Tensor]:
+    """``[N, C]`` probabilities and ``[N, C]`` float64 indicators for the classwise metrics."""
+    if task == "multiclass":
+        probs = _class_probs(preds, input_format)
+        onehot = F.one_hot(target.long(), probs.shape[1]).to(torch.float64)
+        return probs, onehot
+    probs = _binary_probs(preds, input_format)
+    labels = target.to(torch.float64)
+    if task == "binary":
+        probs = torch.stack([1 - probs, probs], dim=1)
+        labels = torch.stack([1 - labels, labels], dim=1)
+    return probs, labels
+
+
+def classwise_binned_statistics(
+    probs: Tensor, labels: Tensor, n_bins: int = 15
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Equal-width bin sums per class, float64 ``[C, n_bins]``: bins of ``p_c`` against ``y_c``.
+
+    Args:
+        probs: ``[N, C]`` probabilities.
+        labels: ``[N, C]`` indicators ``1[y = c]`` (or multi-label targets).
+        n_bins: number of bins per class.
+
+    Example:
+        >>> count, _, _ = classwise_binned_statistics(
+        ...     torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]), 2
+        ... )
+        >>> count
+        tensor([[1., 1.],
+                [1., 1.]], dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    probs, labels = probs.detach(), labels.detach()
+    if probs.dim() != 2 or labels.shape != probs.shape:
+        raise ValueError(
+            f"probs and labels must both be [N, C]; got {list(probs.shape)} and "
+            f"{list(labels.shape)}"
+        )
+    num_classes = probs.shape[1]
+    offset = torch.arange(num_classes, device=probs.device) * n_bins
+    index = (_bin_index(probs, n_bins) + offset).reshape(-1)
+    sums = _bin_sums(index, probs.reshape(-1), labels.reshape(-1), num_classes * n_bins)
+    return tuple(s.reshape(num_classes, n_bins) for s in sums)  # type: ignore[return-value]
+
+
+def classwise_calibration_error(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    norm: Norm = "l1",
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Classwise ECE: the calibration error of each class's probability, averaged over classes.
+
+    ``cwECE = (1/C) sum_c sum_b (n_{c,b} / N) |mean_{i in b} p_{i,c} - mean_{i in b} 1[y_i=c]|``
+    with equal-width bins of ``p_c`` per class. Multi-label: one class per label (against its
+    0/1 target); binary ``[N]`` preds: two classes, ``1 - p`` and ``p``. Source: Kull et al.,
+    "Beyond temperature scaling: Obtaining well-calibrated multiclass probabilities with
+    Dirichlet calibration", NeurIPS 2019.
+
+    Example:
+        >>> preds = torch.tensor([[0.8, 0.2], [0.4, 0.6]])
+        >>> classwise_calibration_error(preds, torch.tensor([0, 0]), n_bins=2)
+        tensor(0.4000, dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    check_choice("norm", norm, NORMS)
+    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    bins = classwise_binned_statistics(*_per_class(preds, target, task, input_format), n_bins)
+    return calibration_error_from_bins(*bins, norm).mean()
+
+
+# --- proper scores and summary statistics ----------------------------------------------------
+
+
+def _brier_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+    """Per-sample (multiclass) or per-label Brier terms, float64."""
+    if task == "multiclass":
+        probs = _class_probs(preds, input_format).to(torch.float64)
+        p_t = probs.gather(1, target.long()[:, None])[:, 0]
+        return (probs * probs).sum(dim=1) - 2 * p_t + 1
+    probs = _binary_probs(preds, input_format).to(torch.float64)
+    return (probs - target.to(torch.float64)).square().reshape(-1)
+
+
+def _nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+    """Per-sample (multiclass) or per-label negative log-likelihoods, float64."""
+    if task == "multiclass":
+        index = target.long()[:, None]
+        if input_format == "logits":
+            log_probs = torch.log_softmax(preds.to(torch.float64), dim=1)
+            return -log_probs.gather(1, index)[:, 0]
+        return -torch.log(preds.gather(1, index)[:, 0].to(torch.float64))
+    labels = target.to(torch.float64).reshape(-1)
+    if input_format == "logits":
+        x = preds.to(torch.float64).reshape(-1)
+        return F.binary_cross_entropy_with_logits(x, labels, reduction="none")
+    p = preds.to(torch.float64).reshape(-1)
+    return -(torch.xlogy(labels, p) + torch.xlogy(1 - labels, 1 - p))
+
+
+def _top_label_terms(
+    preds: Tensor, target: Tensor, task: str, input_format: str
+) -> tuple[Tensor, Tensor]:
+    """Per-decision top-label confidence and correctness (float64), for accuracy and confidence."""
+    if task == "multiclass":
+        values, indices = preds.max(dim=1)
+        if input_format == "logits":
+            values = _top_label_from_logits(preds, values)
+        return values.to(torch.float64), (indices == target).to(torch.float64)
+    labels = target.reshape(-1).to(torch.float64)
+    if input_format == "logits":
+        x = preds.reshape(-1).to(torch.float64)
+        decision = (x > 0).to(torch.float64)
+        confidence = torch.sigmoid(x.abs()).to(torch.float64)
+    else:
+        p = preds.reshape(-1).to(torch.float64)
+        decision = (p > 0.5).to(torch.float64)
+        confidence = torch.maximum(p, 1 - p)
+    return confidence, (decision == labels).to(torch.float64)
+
+
+def _mean(terms: Tensor) -> Tensor:
+    return terms.sum() / terms.numel() if terms.numel() else terms.new_tensor(float("nan"))
+
+
+def brier_score(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Brier score: mean squared distance between the probability vector and the one-hot target.
+
+    Multiclass: ``mean_i sum_c (p_ic - 1[y_i = c])^2`` (in [0, 2]); binary: ``mean_i (p_i -
+    y_i)^2`` (in [0, 1], like scikit-learn's ``brier_score_loss``); multi-label: the binary
+    score over all ``N * K`` labels. Source: Brier, "Verification of forecasts expressed in
+    terms of probability", Monthly Weather Review 1950.
+
+    Example:
+        >>> brier_score(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        tensor(0.4000, dtype=torch.float64)
+        >>> brier_score(torch.tensor([0.2, 0.6]), torch.tensor([0, 0]))
+        tensor(0.2000, dtype=torch.float64)
+    """
+    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    return _mean(_brier_terms(preds, target, task, input_format))
+
+
+def negative_log_likelihood(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Mean negative log-likelihood of the targets, in float64.
+
+    Multiclass: ``mean_i -log p_{i, y_i}``, from ``log_softmax`` of logits or ``log p`` of
+    probabilities (``inf`` where ``p_y = 0``); binary and multi-label: binary cross-entropy
+    ``-(y log p + (1-y) log(1-p))`` averaged over all labels (``xlogy``, so ``0 log 0 = 0``;
+    from logits via ``binary_cross_entropy_with_logits``).
+
+    Example:
+        >>> preds = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
+        >>> negative_log_likelihood(preds, torch.tensor([0, 0]))
+        tensor(0.3993, dtype=torch.float64)
+        >>> negative_log_likelihood(preds.log(), torch.tensor([0, 0]), input_format="logits")
+        tensor(0.3993, dtype=torch.float64)
+    """
+    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    return _mean(_nll_terms(preds, target, task, input_format))
+
+
+def accuracy(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Top-label accuracy: ``mean_i 1[argmax_c p_ic = y_i]``.
+
+    Binary and multi-label (per label, pooled): the decision is ``p > 0.5`` (logit ``> 0``).
+
+    Example:
+        >>> accuracy(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        tensor(0.5000, dtype=torch.float64)
+    """
+    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    return _mean(_top_label_terms(preds, target, task, input_format)[1])
+
+
+def mean_confidence(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input_format: InputFormat = "probs",
+    task: Task | None = None,
+    validate_args: bool = True,
+) -> Tensor:
+    """Mean top-label confidence: ``mean_i max_c p_ic`` (``max(p, 1-p)`` for binary labels).
+
+    Compared with :func:`accuracy`, it says whether a model is over- (``confidence >
+    accuracy``) or under-confident on average. ``target`` is only checked, not used.
+
+    Example:
+        >>> mean_confidence(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        tensor(0.7000, dtype=torch.float64)
+    """
+    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    return _mean(_top_label_terms(preds, target, task, input_format)[0])

@@ -1,0 +1,444 @@
+"""Calibration metrics as torchmetrics ``Metric``s, for any LightningModule and for DDP.
+
+The equal-width metrics keep three float64 sums per bin (``count``, ``conf_sum``,
+``correct_sum``), reduced across processes with ``dist_reduce_fx="sum"``: memory is O(bins),
+a DDP sync moves ``3 x n_bins`` numbers, and a reliability diagram is drawn from :meth:`bins`.
+The adaptive (equal-mass) error needs the confidences themselves (O(N) memory, gathered with
+``"cat"``). Brier, NLL, accuracy and mean confidence keep a float64 sum and a count.
+
+Input forms, ``input_format`` and ``task`` are those of
+:mod:`lightning_losses.calibration.functional`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from . import functional as CF
+from .functional import InputFormat, Norm, Task
+
+__all__ = [
+    "Accuracy",
+    "AdaptiveCalibrationError",
+    "BrierScore",
+    "CalibrationError",
+    "ClasswiseCalibrationError",
+    "MeanConfidence",
+    "NegativeLogLikelihood",
+]
+
+
+class _CalibrationMetric(Metric):
+    """Argument checks shared by every metric here (scalars at construction, tensors per update)."""
+
+    is_differentiable = False
+    higher_is_better: bool | None = False
+    full_state_update = False
+
+    def __init__(
+        self,
+        *,
+        num_classes: int | None,
+        input_format: InputFormat,
+        task: Task | None,
+        validate_args: bool,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        CF.check_choice("input_format", input_format, CF.INPUT_FORMATS)
+        if task is not None:
+            CF.check_choice("task", task, CF.TASKS)
+        if num_classes is not None and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+        ):
+            raise ValueError(f"num_classes must be None or an int >= 1; got {num_classes!r}")
+        self.num_classes = num_classes
+        self.input_format = input_format
+        self.task = task
+        self.validate_args = validate_args
+
+    def _resolve(self, preds: Tensor, target: Tensor) -> str:
+        """Task of this batch; checks ``num_classes`` against ``[N, C]`` preds."""
+        task = CF.resolve_task(preds, target, self.task)
+        if self.num_classes is not None and preds.dim() == 2 and preds.shape[1] != self.num_classes:
+            raise ValueError(
+                f"preds has {preds.shape[1]} columns but the metric was built with "
+                f"num_classes={self.num_classes}"
+            )
+        return task
+
+    def _options(self, task: str) -> dict[str, Any]:
+        return {
+            "input_format": self.input_format,
+            "task": task,
+            "validate_args": self.validate_args,
+        }
+
+    def _synced(self, read: Any) -> Any:
+        """``read()`` on the states synced across processes (as in ``compute``), then restored."""
+        if self._is_synced:
+            return read()
+        with self.sync_context(
+            dist_sync_fn=self.dist_sync_fn,
+            should_sync=self._to_sync,
+            should_unsync=self._should_unsync,
+        ):
+            return read()
+
+
+class CalibrationError(_CalibrationMetric):
+    """Top-label calibration error with equal-width bins: ECE (``"l1"``), MCE, RMSCE.
+
+    ``ECE = sum_b (n_b / N) |acc_b - conf_b|``, ``MCE = max_b |acc_b - conf_b|``, ``RMSCE =
+    sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)`` over bins ``(k/B, (k+1)/B]`` (0 in the first);
+    ``norm="mean"`` weights every non-empty bin alike (netcal's ``ACE``). Multiclass: top label;
+    binary ``[N]`` preds: the positive-class probability against ``y``; multi-label: every label
+    as binary, pooled. Sources: Naeini et al., AAAI 2015; Guo et al., ICML 2017.
+
+    States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``, each
+    ``[n_bins]``; :meth:`bins` returns them synced across processes.
+
+    Args:
+        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
+        n_bins: number of equal-width bins.
+        norm: ``"l1"``, ``"max"``, ``"l2"`` or ``"mean"``.
+        input_format: ``"probs"`` or ``"logits"``.
+        task: ``None`` (inferred from shapes per batch), ``"multiclass"``, ``"binary"``,
+            ``"multilabel"``.
+        validate_args: check target values and that probabilities lie in [0, 1].
+        kwargs: passed to ``torchmetrics.Metric``.
+
+    Example:
+        >>> metric = CalibrationError(n_bins=3)
+        >>> metric.update(torch.tensor([[0.25, 0.20, 0.55], [0.55, 0.05, 0.40]]),
+        ...               torch.tensor([0, 1]))
+        >>> metric.update(torch.tensor([[0.10, 0.30, 0.60], [0.90, 0.05, 0.05]]),
+        ...               torch.tensor([2, 0]))
+        >>> metric.compute()
+        tensor(0.2000, dtype=torch.float64)
+        >>> metric.bins()[0]
+        tensor([0., 3., 1.], dtype=torch.float64)
+    """
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        norm: Norm = "l1",
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            **kwargs,
+        )
+        CF.check_n_bins(n_bins)
+        CF.check_choice("norm", norm, CF.NORMS)
+        self.n_bins = n_bins
+        self.norm = norm
+        for name in ("count", "conf_sum", "correct_sum"):
+            zeros = torch.zeros(n_bins, dtype=torch.float64)
+            self.add_state(name, default=zeros, dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch to the bin sums."""
+        task = self._resolve(preds, target)
+        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
+        count, conf_sum, correct_sum = CF.binned_statistics(confidence, correct, self.n_bins)
+        self.count += count
+        self.conf_sum += conf_sum
+        self.correct_sum += correct_sum
+
+    def compute(self) -> Tensor:
+        """The calibration error of everything seen (synced across processes)."""
+        return CF.calibration_error_from_bins(
+            self.count, self.conf_sum, self.correct_sum, self.norm
+        )
+
+    def bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(count, conf_sum, correct_sum)``: float64 ``[n_bins]`` copies, synced under DDP.
+
+        Per bin ``b`` (``(b/B, (b+1)/B]``): mean confidence ``conf_sum / count``, accuracy
+        ``correct_sum / count``; what a reliability diagram draws.
+        """
+        return self._synced(
+            lambda: (self.count.clone(), self.conf_sum.clone(), self.correct_sum.clone())
+        )
+
+
+class AdaptiveCalibrationError(_CalibrationMetric):
+    """Adaptive (equal-mass) calibration error: ECE over bins of equal sample counts.
+
+    ``sum_b |conf_sum_b - correct_sum_b| / N`` with the sorted confidences split into ``B`` bins
+    whose counts differ by at most one (see
+    :func:`~lightning_losses.calibration.functional.equal_mass_binned_statistics`). Sources:
+    Nixon et al., CVPR-W 2019; Mukhoti et al., NeurIPS 2020.
+
+    Unlike the equal-width metrics, the bin edges depend on all the data, so this metric **keeps
+    every confidence and correctness** (list states ``confidence`` and ``correct``, float64,
+    ``dist_reduce_fx="cat"``): O(N) memory, and a DDP sync gathers all of them.
+
+    Args: as :class:`CalibrationError`.
+
+    Example:
+        >>> metric = AdaptiveCalibrationError(n_bins=2)
+        >>> metric.update(torch.tensor([0.9, 0.1]), torch.tensor([1, 0]))
+        >>> metric.update(torch.tensor([0.8, 0.2]), torch.tensor([0, 1]))
+        >>> metric.compute()
+        tensor(0.3500, dtype=torch.float64)
+    """
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        norm: Norm = "l1",
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            **kwargs,
+        )
+        CF.check_n_bins(n_bins)
+        CF.check_choice("norm", norm, CF.NORMS)
+        self.n_bins = n_bins
+        self.norm = norm
+        self.add_state("confidence", default=[], dist_reduce_fx="cat")
+        self.add_state("correct", default=[], dist_reduce_fx="cat")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Store the batch's confidences and correctness."""
+        task = self._resolve(preds, target)
+        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
+        self.confidence.append(confidence.to(torch.float64))
+        self.correct.append(correct)
+
+    def _bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        if isinstance(self.confidence, list) and not self.confidence:
+            empty = torch.zeros(0, dtype=torch.float64, device=self.device)
+            return CF.equal_mass_binned_statistics(empty, empty, self.n_bins)
+        confidence, correct = dim_zero_cat(self.confidence), dim_zero_cat(self.correct)
+        return CF.equal_mass_binned_statistics(confidence, correct, self.n_bins)
+
+    def compute(self) -> Tensor:
+        """The adaptive calibration error of everything seen (synced across processes)."""
+        return CF.calibration_error_from_bins(*self._bins(), self.norm)
+
+    def bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(count, conf_sum, correct_sum)`` of the equal-mass bins, float64, synced under DDP."""
+        return self._synced(self._bins)
+
+
+class ClasswiseCalibrationError(_CalibrationMetric):
+    """Classwise ECE: equal-width calibration error of each class's probability, class-averaged.
+
+    ``cwECE = (1/C) sum_c sum_b (n_{c,b} / N) |mean_{i in b} p_{i,c} - mean_{i in b} 1[y_i=c]|``
+    (Kull et al., NeurIPS 2019). Multi-label: one class per label; binary ``[N]`` preds: two
+    classes (``1 - p`` and ``p``), so ``num_classes=2``.
+
+    States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``, each
+    ``[num_classes, n_bins]``.
+
+    Args:
+        num_classes: ``C`` (multiclass), ``K`` (multi-label) or 2 (binary); required.
+        n_bins, norm, input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
+
+    Example:
+        >>> metric = ClasswiseCalibrationError(num_classes=2, n_bins=2)
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()
+        tensor(0.4000, dtype=torch.float64)
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        n_bins: int = 15,
+        norm: Norm = "l1",
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if num_classes is None:
+            raise ValueError("num_classes is required by ClasswiseCalibrationError")
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            **kwargs,
+        )
+        CF.check_n_bins(n_bins)
+        CF.check_choice("norm", norm, CF.NORMS)
+        self.n_bins = n_bins
+        self.norm = norm
+        for name in ("count", "conf_sum", "correct_sum"):
+            zeros = torch.zeros(num_classes, n_bins, dtype=torch.float64)
+            self.add_state(name, default=zeros, dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch to the per-class bin sums."""
+        task = self._resolve(preds, target)
+        if task == "binary" and self.num_classes != 2:
+            raise ValueError(
+                f"binary preds [N] make two classes (1 - p and p): num_classes must be 2; "
+                f"got {self.num_classes}"
+            )
+        preds, target, task = CF._prepare(
+            preds, target, task, self.input_format, self.validate_args
+        )
+        probs, labels = CF._per_class(preds, target, task, self.input_format)
+        count, conf_sum, correct_sum = CF.classwise_binned_statistics(probs, labels, self.n_bins)
+        self.count += count
+        self.conf_sum += conf_sum
+        self.correct_sum += correct_sum
+
+    def compute(self) -> Tensor:
+        """The mean over classes of each class's calibration error (synced across processes)."""
+        per_class = CF.calibration_error_from_bins(
+            self.count, self.conf_sum, self.correct_sum, self.norm
+        )
+        return per_class.mean()
+
+    def bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(count, conf_sum, correct_sum)``, float64 ``[num_classes, n_bins]``, synced."""
+        return self._synced(
+            lambda: (self.count.clone(), self.conf_sum.clone(), self.correct_sum.clone())
+        )
+
+
+class _MeanMetric(_CalibrationMetric):
+    """A float64 mean of per-sample (or per-label) terms: states ``score_sum`` and ``count``."""
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            **kwargs,
+        )
+        zero = torch.zeros((), dtype=torch.float64)
+        self.add_state("score_sum", default=zero.clone(), dist_reduce_fx="sum")
+        self.add_state("count", default=zero.clone(), dist_reduce_fx="sum")
+
+    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
+        raise NotImplementedError
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch's terms to the sum and their number to the count."""
+        task = self._resolve(preds, target)
+        preds, target, task = CF._prepare(
+            preds, target, task, self.input_format, self.validate_args
+        )
+        terms = self._terms(preds, target, task)
+        self.score_sum += terms.sum()
+        self.count += terms.numel()
+
+    def compute(self) -> Tensor:
+        """The mean of every term seen (synced across processes); NaN before any sample."""
+        return self.score_sum / self.count
+
+
+class BrierScore(_MeanMetric):
+    """Brier score: ``mean_i sum_c (p_ic - 1[y_i = c])^2`` (binary: ``mean (p - y)^2``).
+
+    Multi-label: the binary score over all labels. States: ``score_sum``, ``count`` (float64,
+    summed across processes). Source: Brier, Monthly Weather Review 1950.
+
+    Args:
+        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
+        input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
+
+    Example:
+        >>> metric = BrierScore()
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()
+        tensor(0.4000, dtype=torch.float64)
+    """
+
+    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
+        return CF._brier_terms(preds, target, task, self.input_format)
+
+
+class NegativeLogLikelihood(_MeanMetric):
+    """Mean negative log-likelihood: ``mean_i -log p_{i, y_i}`` (binary/multi-label: BCE).
+
+    From ``log_softmax`` for logits and ``log p`` for probabilities, in float64. States:
+    ``score_sum``, ``count``.
+
+    Args: as :class:`BrierScore`.
+
+    Example:
+        >>> metric = NegativeLogLikelihood(input_format="logits")
+        >>> metric.update(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([0, 1]))
+        >>> metric.compute()
+        tensor(1.4100, dtype=torch.float64)
+    """
+
+    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
+        return CF._nll_terms(preds, target, task, self.input_format)
+
+
+class Accuracy(_MeanMetric):
+    """Top-label accuracy ``mean_i 1[argmax_c p_ic = y_i]`` (binary labels: ``p > 0.5``).
+
+    States: ``score_sum`` (number correct), ``count``.
+
+    Args: as :class:`BrierScore`.
+
+    Example:
+        >>> metric = Accuracy()
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()
+        tensor(0.5000, dtype=torch.float64)
+    """
+
+    higher_is_better = True
+
+    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
+        return CF._top_label_terms(preds, target, task, self.input_format)[1]
+
+
+class MeanConfidence(_MeanMetric):
+    """Mean top-label confidence ``mean_i max_c p_ic`` (binary labels: ``max(p, 1 - p)``).
+
+    States: ``score_sum``, ``count``.
+
+    Args: as :class:`BrierScore`.
+
+    Example:
+        >>> metric = MeanConfidence()
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()
+        tensor(0.7000, dtype=torch.float64)
+    """
+
+    higher_is_better = None
+
+    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
+        return CF._top_label_terms(preds, target, task, self.input_format)[0]

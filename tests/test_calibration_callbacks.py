@@ -1,0 +1,167 @@
+"""CalibrationMonitor and TemperatureScalingCallback inside real Lightning fits."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_losses.callbacks import CalibrationMonitor, TemperatureScalingCallback
+from lightning_losses.data import DigitsDataModule, NMDigitsDataModule, RareDigitDataModule
+from lightning_losses.models import ClassifierModule
+
+
+def fit(tmp_path, model, dm, callbacks, epochs=2, **kwargs):
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        **kwargs,
+    )
+    trainer.fit(model, dm)
+    return trainer
+
+
+def validation_logits(model, dm):
+    """The model's logits on the whole validation split, computed independently."""
+    model.eval()
+    xs, ys = zip(*dm.val_dataloader(), strict=True)
+    with torch.no_grad():
+        return model(torch.cat(xs)).double(), torch.cat(ys)
+
+
+def numpy_top_label_errors(logits, target, n_bins=15):
+    """ECE, MCE, RMSCE with bins (k/B, (k+1)/B] written plainly in numpy."""
+    probs = torch.softmax(logits, dim=1).numpy()
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == target.numpy()).astype(float)
+    ece = mce = sq = 0.0
+    for k in range(n_bins):
+        low, high = k / n_bins, (k + 1) / n_bins
+        members = (confidence > low) & (confidence <= high)
+        if k == 0:
+            members |= confidence == 0
+        if members.any():
+            gap = abs(confidence[members].mean() - correct[members].mean())
+            weight = members.mean()
+            ece += weight * gap
+            sq += weight * gap**2
+            mce = max(mce, gap)
+    return ece, mce, np.sqrt(sq)
+
+
+def test_monitor_logs_the_metrics_of_the_validation_set(tmp_path):
+    L.seed_everything(0)
+    dm = DigitsDataModule(batch_size=100)
+    model = ClassifierModule("focal", hidden=[32])
+    monitor = CalibrationMonitor(n_bins=15, diagram_every_n_epochs=1)
+    trainer = fit(tmp_path, model, dm, [monitor])
+    logits, target = validation_logits(model, dm)
+    ece, mce, rmsce = numpy_top_label_errors(logits, target)
+    metrics = trainer.callback_metrics
+    assert float(metrics["val/ece"]) == pytest.approx(ece, abs=1e-6)
+    assert float(metrics["val/mce"]) == pytest.approx(mce, abs=1e-6)
+    assert float(metrics["val/rmsce"]) == pytest.approx(rmsce, abs=1e-6)
+    probs = torch.softmax(logits, dim=1)
+    nll = F.cross_entropy(logits, target)
+    brier = ((probs - F.one_hot(target, 10)) ** 2).sum(dim=1).mean()
+    accuracy = (probs.argmax(1) == target).double().mean()
+    assert float(metrics["val/nll"]) == pytest.approx(float(nll), abs=1e-5)
+    assert float(metrics["val/brier"]) == pytest.approx(float(brier), abs=1e-6)
+    assert float(metrics["val/accuracy"]) == pytest.approx(float(accuracy), abs=1e-6)
+    assert float(metrics["val/confidence"]) == pytest.approx(
+        float(probs.max(1).values.mean()), abs=1e-6
+    )
+    # One diagram per validation epoch, in the logger's directory.
+    diagrams = sorted((tmp_path / "run" / "version_0" / "calibration").glob("val_epoch=*.png"))
+    assert [p.name for p in diagrams] == ["val_epoch=000.png", "val_epoch=001.png"]
+    assert diagrams[-1].stat().st_size > 5_000
+
+
+def test_monitor_diagram_every_n_epochs_and_test_stage(tmp_path):
+    dm = DigitsDataModule(batch_size=200)
+    model = ClassifierModule("ce", hidden=[16])
+    monitor = CalibrationMonitor(diagram_every_n_epochs=2, adaptive=True, classwise=True)
+    trainer = fit(tmp_path, model, dm, [monitor], epochs=3)
+    folder = tmp_path / "run" / "version_0" / "calibration"
+    assert sorted(p.name for p in folder.glob("*.png")) == ["val_epoch=001.png"]
+    assert "val/adaptive_ece" in trainer.callback_metrics
+    assert "val/classwise_ece" in trainer.callback_metrics
+    trainer.test(model, dm)
+    assert [p.name for p in folder.glob("test_*.png")] == ["test_epoch=003.png"]
+    assert 0.0 <= float(trainer.callback_metrics["test/ece"]) <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["binary", "nm"])
+def test_monitor_other_tasks(tmp_path, kind):
+    if kind == "binary":
+        dm = RareDigitDataModule(batch_size=128, positive_fraction=0.2)
+        criterion = "binary_focal"
+    else:
+        dm = NMDigitsDataModule(batch_size=128)
+        criterion = "nm_ce"
+    model = ClassifierModule(
+        criterion,
+        input_dim=dm.num_features,
+        num_classes=dm.num_classes,
+        num_tasks=dm.num_tasks,
+        task=dm.task,
+        hidden=[16],
+    )
+    trainer = fit(tmp_path, model, dm, [CalibrationMonitor()], epochs=1)
+    model.eval()
+    xs, ys = zip(*dm.val_dataloader(), strict=True)
+    with torch.no_grad():
+        logits, target = model(torch.cat(xs)).double(), torch.cat(ys)
+    if kind == "binary":
+        p = torch.sigmoid(logits)
+        expected_brier = float(((p - target.double()) ** 2).mean())
+    else:
+        p = torch.softmax(logits, dim=2).flatten(0, 1)
+        onehot = F.one_hot(target.flatten(), 3).double()
+        expected_brier = float(((p - onehot) ** 2).sum(1).mean())
+    assert float(trainer.callback_metrics["val/brier"]) == pytest.approx(expected_brier, abs=1e-6)
+
+
+class NoLogits(ClassifierModule):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return self.compute_loss(self(x), y)
+
+
+def test_monitor_names_what_is_missing(tmp_path):
+    model = NoLogits("ce", hidden=[8])
+    with pytest.raises(ValueError, match="'logits' and 'target'") as error:
+        fit(tmp_path, model, DigitsDataModule(), [CalibrationMonitor()], epochs=1)
+    assert "NoLogits" in str(error.value)
+
+
+def test_temperature_scaling_callback_fits_the_validation_logits(tmp_path):
+    L.seed_everything(0)
+    dm = DigitsDataModule(batch_size=64)
+    # A small training set seen many times makes the model overconfident.
+    model = ClassifierModule("ce", hidden=[64], temperature=0.5)
+    callback = TemperatureScalingCallback(apply_to_model=False)
+    trainer = fit(tmp_path, model, dm, [callback], epochs=8)
+    logits, target = validation_logits(model, dm)
+    # Independent check of optimality: NLL at T is below NLL at T * 1.05 and T / 1.05.
+    temperature = callback.report["temperature"]
+
+    def nll(t):
+        return float(F.cross_entropy(logits / t, target))
+
+    assert nll(temperature) < nll(temperature * 1.05)
+    assert nll(temperature) < nll(temperature / 1.05)
+    assert callback.report["nll_after"] == pytest.approx(nll(temperature), abs=1e-6)
+    assert callback.report["nll_after"] <= callback.report["nll_before"]
+    logged = (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
+    assert "calibration/temperature" in logged
+    assert trainer.state.finished

@@ -1,0 +1,369 @@
+"""The chunked linear-head losses against the plain-logits losses of the library.
+
+Every reference builds ``logits = hidden @ weight.T + bias`` and calls the family function
+(``lightning_losses.functional.focal_loss`` ...); values and the gradients of ``hidden``,
+``weight`` and ``bias`` must match for every loss, chunk size, reduction and ignore pattern.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_losses import LinearTargetLoss
+from lightning_losses import functional as LF
+from lightning_losses.callbacks.loss_scheduler import hyperparameter_names
+from lightning_losses.functional.linear import (
+    LINEAR_TARGET_LOSSES,
+    default_chunk_size,
+    linear_target_loss,
+)
+
+N, H, V = 37, 8, 50
+
+#: (id, loss name, hyper-parameters, plain-logits reference)
+CASES = [
+    ("ce", "ce", {}, LF.cross_entropy),
+    ("gamma_ce", "gamma_ce", {"gamma": 0.3}, LF.gamma_cross_entropy),
+    ("gamma_ce_1", "gamma_ce", {"gamma": 1.0}, LF.gamma_cross_entropy),
+    ("gamma_ce_b", "gamma_ce", {"gamma": 0.5, "threshold": 0.2}, LF.gamma_cross_entropy),
+    ("soft_accuracy", "soft_accuracy", {}, LF.soft_accuracy_loss),
+    ("focal", "focal", {"gamma": 2.0}, LF.focal_loss),
+    ("focal_half_gamma", "focal", {"gamma": 0.5}, LF.focal_loss),
+    ("adaptive_focal", "adaptive_focal", {}, LF.adaptive_focal_loss),
+    ("hard_truncated", "hard_truncated", {"margin": 0.2}, LF.hard_truncated_loss),
+]
+CASE_IDS = [case[0] for case in CASES]
+
+
+def make_inputs(n=N, *, dtype=torch.float32, bias=True, seed=0, ignore_every=None):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, H, generator=generator, dtype=torch.float64)
+    weight = torch.randn(V, H, generator=generator, dtype=torch.float64) * 0.7
+    b = torch.randn(V, generator=generator, dtype=torch.float64) if bias else None
+    target = torch.randint(0, V, (n,), generator=generator)
+    if ignore_every:
+        target[::ignore_every] = -100
+    tensors = [hidden, weight] + ([b] if bias else [])
+    tensors = [t.to(dtype).requires_grad_() for t in tensors]
+    return tensors, target
+
+
+def run(function, tensors, target, reduction, seed=1):
+    """Value and gradients for a fixed random upstream gradient."""
+    out = function(*tensors)
+    generator = torch.Generator().manual_seed(seed)
+    upstream = torch.rand(out.shape, generator=generator, dtype=out.dtype) + 0.5
+    grads = torch.autograd.grad(out, tensors, upstream)
+    return out.detach(), grads
+
+
+def both(name, hyper, reference, tensors, target, reduction, chunk_size, ignore_index=-100):
+    def ours(hidden, weight, bias=None):
+        return linear_target_loss(
+            hidden,
+            weight,
+            target,
+            loss=name,
+            bias=bias,
+            chunk_size=chunk_size,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            **hyper,
+        )
+
+    def plain(hidden, weight, bias=None):
+        logits = hidden @ weight.T
+        if bias is not None:
+            logits = logits + bias
+        shape = logits.shape
+        logits = logits.reshape(-1, shape[-1])
+        value = reference(
+            logits,
+            target.reshape(-1),
+            ignore_index=ignore_index,
+            reduction=reduction,
+            **hyper,
+        )
+        return value.reshape(target.shape) if reduction == "none" else value
+
+    return run(ours, tensors, target, reduction), run(plain, tensors, target, reduction)
+
+
+def assert_all_close(actual, expected, tol):
+    (value, grads), (ref_value, ref_grads) = actual, expected
+    torch.testing.assert_close(value, ref_value, rtol=tol, atol=tol)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        assert grad.dtype == ref_grad.dtype
+        torch.testing.assert_close(grad, ref_grad, rtol=tol, atol=tol)
+
+
+# --- equality with the plain-logits losses ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("chunk_size", [None, 1, 7, 16, N])  # 7 and 16: a smaller last chunk
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_plain_logits_float32(case, reduction, chunk_size, bias):
+    _, name, hyper, reference = case
+    tensors, target = make_inputs(bias=bias, ignore_every=5)
+    ours, plain = both(name, hyper, reference, tensors, target, reduction, chunk_size)
+    assert_all_close(ours, plain, 1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_matches_plain_logits_float64(case, reduction):
+    _, name, hyper, reference = case
+    tensors, target = make_inputs(dtype=torch.float64, ignore_every=4)
+    ours, plain = both(name, hyper, reference, tensors, target, reduction, 6)
+    assert_all_close(ours, plain, 1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_sequence_inputs_are_flattened(case):
+    _, name, hyper, reference = case
+    tensors, target = make_inputs(n=24, ignore_every=7)
+    tensors = [tensors[0].detach().reshape(4, 6, H).requires_grad_(), *tensors[1:]]
+    target = target.reshape(4, 6)
+    for reduction in ("none", "mean"):
+        ours, plain = both(name, hyper, reference, tensors, target, reduction, 5)
+        assert ours[0].shape == target.shape or reduction != "none"
+        assert ours[1][0].shape == (4, 6, H)
+        assert_all_close(ours, plain, 1e-5)
+
+
+def test_matches_pytorch_linear_cross_entropy():
+    (hidden, weight, bias), target = make_inputs(ignore_every=3)
+    ours = linear_target_loss(hidden, weight, target, loss="ce", bias=bias, chunk_size=8)
+    theirs = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_other_ignore_index():
+    (hidden, weight, bias), target = make_inputs()
+    target[::3] = 7  # a valid class used as ignore_index
+    ours, plain = both("focal", {"gamma": 2.0}, LF.focal_loss, [hidden, weight, bias], target,
+                       "mean", 4, ignore_index=7)  # fmt: skip
+    assert_all_close(ours, plain, 1e-5)
+
+
+# --- ignored rows -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(LINEAR_TARGET_LOSSES))
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_all_ignored_gives_zero_and_zero_gradient(name, reduction):
+    (hidden, weight, bias), target = make_inputs()
+    target.fill_(-100)
+    out = linear_target_loss(
+        hidden, weight, target, loss=name, bias=bias, reduction=reduction, chunk_size=4
+    )
+    assert torch.equal(out, torch.zeros_like(out))
+    grads = torch.autograd.grad(out.sum(), (hidden, weight, bias))
+    for grad in grads:
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_ignored_rows_get_no_gradient():
+    (hidden, weight, bias), target = make_inputs(ignore_every=2)
+    out = linear_target_loss(hidden, weight, target, loss="gamma_ce", bias=bias, chunk_size=3)
+    (grad_hidden,) = torch.autograd.grad(out, hidden)
+    assert torch.equal(grad_hidden[::2], torch.zeros_like(grad_hidden[::2]))
+    assert grad_hidden[1::2].abs().sum() > 0
+
+
+# --- precision ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_half_inputs(dtype, case):
+    _, name, hyper, _ = case
+    (hidden, weight, bias), target = make_inputs(dtype=dtype, ignore_every=6)
+    upcast = [t.detach().float().requires_grad_() for t in (hidden, weight, bias)]
+
+    def loss(hidden, weight, bias):
+        return linear_target_loss(
+            hidden, weight, target, loss=name, bias=bias, chunk_size=9, **hyper
+        )
+
+    value, grads = run(loss, [hidden, weight, bias], target, "mean")
+    ref_value, ref_grads = run(loss, upcast, target, "mean")
+    assert value.dtype == torch.float32  # computed and returned in float32
+    torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-5)  # same float32 sums
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        assert grad.dtype == dtype and bool(grad.isfinite().all())
+        scale = ref_grad.abs().max()
+        torch.testing.assert_close(grad.float() / scale, ref_grad / scale, rtol=0, atol=1e-2)
+
+
+def test_half_hidden_with_float32_weight():
+    (hidden, weight, bias), target = make_inputs(ignore_every=6)
+    half = hidden.detach().bfloat16().requires_grad_()
+    out = linear_target_loss(half, weight, target, loss="focal", bias=bias)
+    grads = torch.autograd.grad(out, (half, weight, bias))
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
+
+
+def test_autocast_is_disabled_inside():
+    (hidden, weight, bias), target = make_inputs()
+    expected = linear_target_loss(hidden, weight, target, loss="focal", bias=bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = linear_target_loss(hidden, weight, target, loss="focal", bias=bias)
+    assert actual.dtype == torch.float32
+    torch.testing.assert_close(actual, expected)
+
+
+# TaiLr's thresholded gamma-CE holds w constant: its gradient is not that of its value.
+SMOOTH = [case for case in CASES if case[0] != "gamma_ce_b"]
+
+
+@pytest.mark.parametrize("case", SMOOTH, ids=[case[0] for case in SMOOTH])
+def test_gradcheck_float64(case):
+    _, name, hyper, _ = case
+    (hidden, weight, bias), target = make_inputs(n=6, dtype=torch.float64, ignore_every=4)
+    hidden, weight, bias = (t.detach()[:, :3] if t.dim() == 2 else t.detach()
+                            for t in (hidden, weight, bias))  # fmt: skip
+    hidden, weight, bias = (t.clone().requires_grad_() for t in (hidden, weight, bias))
+
+    def loss(hidden, weight, bias):
+        return linear_target_loss(
+            hidden, weight, target, loss=name, bias=bias, chunk_size=4, reduction="none", **hyper
+        )
+
+    assert torch.autograd.gradcheck(loss, (hidden, weight, bias))
+
+
+# --- autograd behaviour -------------------------------------------------------------------------
+
+
+def test_no_gradient_work_without_requires_grad():
+    (hidden, weight, bias), target = make_inputs()
+    expected = linear_target_loss(hidden, weight, target, loss="focal", bias=bias)
+    with torch.no_grad():
+        value = linear_target_loss(hidden, weight, target, loss="focal", bias=bias)
+    assert not value.requires_grad
+    detached = [t.detach() for t in (hidden, weight, bias)]
+    value2 = linear_target_loss(*detached[:2], target, loss="focal", bias=detached[2])
+    assert not value2.requires_grad
+    torch.testing.assert_close(value, expected.detach())
+    torch.testing.assert_close(value2, expected.detach())
+
+
+def test_frozen_weight_gets_no_gradient():
+    (hidden, weight, bias), target = make_inputs()
+    weight = weight.detach()
+    out = linear_target_loss(hidden, weight, target, loss="ce", bias=bias)
+    out.backward()
+    assert hidden.grad is not None and bias.grad is not None and weight.grad is None
+
+
+def test_upstream_gradient_scales_mean_and_sum():
+    (hidden, weight, _), target = make_inputs(ignore_every=3)
+    for reduction in ("mean", "sum"):
+        out = linear_target_loss(hidden, weight, target, loss="soft_accuracy", reduction=reduction)
+        (g1,) = torch.autograd.grad(out, weight)
+        out = linear_target_loss(hidden, weight, target, loss="soft_accuracy", reduction=reduction)
+        (g3,) = torch.autograd.grad(3.0 * out, weight)
+        torch.testing.assert_close(g3, 3.0 * g1)
+
+
+def test_second_backward_of_mean_raises_but_none_retains():
+    (hidden, weight, _), target = make_inputs()
+    out = linear_target_loss(hidden, weight, target, loss="focal")
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward twice"):
+        out.backward()
+    out = linear_target_loss(hidden, weight, target, loss="focal", reduction="none").mean()
+    first = torch.autograd.grad(out, weight, retain_graph=True)[0]
+    second = torch.autograd.grad(out, weight)[0]
+    torch.testing.assert_close(first, second)
+
+
+# --- arguments ----------------------------------------------------------------------------------
+
+
+def test_unknown_loss_lists_the_names():
+    (hidden, weight, _), target = make_inputs()
+    with pytest.raises(ValueError, match="ce, gamma_ce, soft_accuracy, focal"):
+        linear_target_loss(hidden, weight, target, loss="soft_truncated")
+
+
+@pytest.mark.parametrize(
+    ("loss", "hyper", "match"),
+    [
+        ("gamma_ce", {"gamma": 1.5}, "gamma must lie in"),
+        ("gamma_ce", {"threshold": -0.1}, "threshold must lie in"),
+        ("focal", {"gamma": -1.0}, "gamma must lie in"),
+        ("adaptive_focal", {"thresholds": (0.5, 0.2), "gammas": (1, 2, 3)}, "increasing"),
+        ("adaptive_focal", {"gammas": (1.0,)}, "one more value"),
+        ("hard_truncated", {"margin": 2.0}, "margin must lie in"),
+        ("ce", {"gamma": 1.0}, "no hyper-parameter 'gamma'"),
+        ("focal", {"alpha": [1.0]}, "it accepts: gamma"),
+    ],
+)
+def test_hyperparameters_are_checked(loss, hyper, match):
+    (hidden, weight, _), target = make_inputs()
+    with pytest.raises(ValueError, match=match):
+        linear_target_loss(hidden, weight, target, loss=loss, **hyper)
+
+
+def test_bad_arguments():
+    (hidden, weight, bias), target = make_inputs()
+    with pytest.raises(ValueError, match="reduction"):
+        linear_target_loss(hidden, weight, target, reduction="avg")
+    with pytest.raises(ValueError, match="weight must have shape"):
+        linear_target_loss(hidden, weight.T, target)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        linear_target_loss(hidden, weight, target, bias=bias[:3])
+    with pytest.raises(ValueError, match="target must have shape"):
+        linear_target_loss(hidden, weight, target[:5])
+    with pytest.raises(TypeError, match="class indices"):
+        linear_target_loss(hidden, weight, target.float())
+    with pytest.raises(ValueError, match="found 50"):
+        linear_target_loss(hidden, weight, torch.full_like(target, V))
+    with pytest.raises(ValueError, match="chunk_size"):
+        linear_target_loss(hidden, weight, target, chunk_size=0)
+    with pytest.raises(ValueError, match="hidden must have shape"):
+        linear_target_loss(hidden[0], weight, target[0])
+
+
+def test_default_chunk_size():
+    assert default_chunk_size(8192, 32000) * 32000 * 4 <= 64 * 2**20
+    assert default_chunk_size(3, 100) == 3
+    assert default_chunk_size(8192, 10**9) == 1
+    sizes = [default_chunk_size(10**6, v) for v in (1000, 32000, 128000, 256000)]
+    assert all(s & (s - 1) == 0 for s in sizes)  # powers of two
+    assert sizes == sorted(sizes, reverse=True)
+
+
+# --- the module ---------------------------------------------------------------------------------
+
+
+def test_module_hyperparameters_are_schedulable():
+    (hidden, weight, bias), target = make_inputs()
+    criterion = LinearTargetLoss("gamma_ce", gamma=0.0)
+    assert criterion.hyperparameters() == {"gamma": 0.0, "threshold": 0.0}
+    assert hyperparameter_names(criterion) == ["gamma", "threshold"]
+    ce = criterion(hidden, weight, target, bias)
+    torch.testing.assert_close(ce, F.cross_entropy(hidden @ weight.T + bias, target))
+    criterion.gamma = 1.0
+    expected = LF.gamma_cross_entropy(hidden @ weight.T + bias, target, gamma=1.0)
+    torch.testing.assert_close(criterion(hidden, weight, target, bias), expected)
+    assert "gamma=1.0" in repr(criterion)
+
+
+def test_module_arguments():
+    criterion = LinearTargetLoss("ce")
+    assert not hasattr(criterion, "gamma") and criterion.hyperparameters() == {}
+    assert LinearTargetLoss("focal").gamma == 2.0
+    assert LinearTargetLoss("adaptive_focal", gammas=(4, 2)).gammas == (4.0, 2.0)
+    with pytest.raises(ValueError, match="no hyper-parameter 'margin'"):
+        LinearTargetLoss("focal", margin=0.3)
+    with pytest.raises(ValueError, match="available"):
+        LinearTargetLoss("nope")
+    with pytest.raises(ValueError, match="reduction"):
+        LinearTargetLoss("ce", reduction="avg")
