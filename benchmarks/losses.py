@@ -172,8 +172,11 @@ def main() -> None:
     parser.add_argument("--slow-repeats", type=int, default=1, help="repeats for EXACT")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_of:
         measure_memory(args.memory_of, args.rows, args.classes)
         return

@@ -100,6 +100,10 @@ def console_main() -> int:
         from .compare import main as compare_main
 
         return compare_main(sys.argv[2:])
+    if command == "reproduce":
+        from .reproduce import main as reproduce_main
+
+        return reproduce_main(sys.argv[2:])
     if command == "sync-tracking":
         from .tracking import sync_main
 

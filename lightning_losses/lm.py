@@ -16,7 +16,7 @@ vocabulary of thousands of words. This module is the smallest complete example o
 - :class:`TokenCalibration`: validation perplexity (``exp`` of the mean token NLL, plain
   cross-entropy whatever the training loss) and the top-label ECE of the tokens, from per-bin
   float64 sums;
-- :func:`main`: ``python -m lightning_losses.lm fit --config configs/lm_ce.yaml``.
+- :func:`main`: ``python -m lightning_losses.lm fit --config configs/lm/lm_ce.yaml``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "TokenCalibration",
     "TokenWindows",
     "WordTokenizer",
+    "console_main",
     "load_topics",
     "main",
     "split_topics",
@@ -355,7 +356,10 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
 
     Logged: ``train/loss``, ``criterion/<hyper-parameter>``, ``val/loss`` (the criterion),
     and from :class:`TokenCalibration` ``val/nll``, ``val/ppl``, ``val/acc``, ``val/ece``
-    (token-level, plain cross-entropy semantics whatever the training loss).
+    (token-level, plain cross-entropy semantics whatever the training loss). The
+    ``[tokens, vocabulary]`` logits never leave the criterion, so ``validation_step`` returns
+    nothing for ``CalibrationMonitor``, and ``LossSwitch`` must be given ``LinearTargetLoss``
+    specifications (``class_path`` mappings), not names of the logits losses.
 
     Args:
         criterion: a :class:`~lightning_losses.LinearTargetLoss` (in YAML a ``class_path`` /
@@ -481,7 +485,7 @@ class LanguageModelCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> LightningCLI:
-    """``python -m lightning_losses.lm fit --config configs/lm_ce.yaml`` (or ``validate``).
+    """``python -m lightning_losses.lm fit --config configs/lm/lm_ce.yaml`` (or ``validate``).
 
     A LightningCLI with ``subclass_mode_model=True`` and ``subclass_mode_data=True`` over
     :class:`TinyLanguageModel` and :class:`PydocTopicsDataModule` (or subclasses); returns it.
@@ -495,6 +499,12 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
     }
     kwargs.update(cli_kwargs)
     return LanguageModelCLI(TinyLanguageModel, PydocTopicsDataModule, args=args, run=run, **kwargs)
+
+
+def console_main() -> int:
+    """Console-script entry point: :func:`main` on the command line, exit status 0."""
+    main()
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -407,6 +407,7 @@ class LinearTargetLoss(nn.Module):
         chunk_size: rows per chunk; ``None`` chooses one from the shapes.
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+        half_matmul: multiply half-precision inputs in half precision (faster, less exact).
         validate_args: check target values (one device synchronisation).
 
     Raises:
@@ -435,6 +436,7 @@ class LinearTargetLoss(nn.Module):
         chunk_size: int | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
+        half_matmul: bool = False,
         validate_args: bool = True,
     ) -> None:
         super().__init__()
@@ -453,6 +455,7 @@ class LinearTargetLoss(nn.Module):
         self.chunk_size = chunk_size
         self.ignore_index = ignore_index
         self.reduction = reduction
+        self.half_matmul = half_matmul
         self.validate_args = validate_args
 
     def hyperparameters(self) -> dict[str, Any]:
@@ -471,6 +474,7 @@ class LinearTargetLoss(nn.Module):
             chunk_size=self.chunk_size,
             ignore_index=self.ignore_index,
             reduction=self.reduction,
+            half_matmul=self.half_matmul,
             validate_args=self.validate_args,
             **self.hyperparameters(),
         )

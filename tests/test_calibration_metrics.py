@@ -239,6 +239,33 @@ def test_bin_edges_belong_to_the_lower_bin():
     assert ECE(bins=2).measure(conf, y) == pytest.approx((0.1 + 0.6) / 3)  # {0.1}, {0.5, 0.9}
 
 
+def _all_values_in_unit_interval(dtype: torch.dtype) -> torch.Tensor:
+    """Every float16 / bfloat16 value in [0, 1], from their bit patterns."""
+    bits = torch.arange(0, 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    return values[(values >= 0) & (values <= 1)]
+
+
+@pytest.mark.parametrize("n_bins", [1, 2, 3, 7, 10, 15, 100, 1000])
+def test_bin_index_is_exact_for_every_half_value_and_near_float32_edges(n_bins):
+    """The fast float32/half binning equals counting the dtype-rounded edges below each value."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        if dtype == torch.float32:
+            edges = torch.arange(n_bins + 1, dtype=torch.float64).div(n_bins).float()
+            steps = [edges]
+            for _ in range(3):  # up to three ulps either side of every edge
+                steps.append(torch.nextafter(steps[-1], torch.tensor(2.0)))
+                steps.insert(0, torch.nextafter(steps[0], torch.tensor(-1.0)))
+            values = torch.cat(steps).clamp(0, 1)
+        else:
+            values = _all_values_in_unit_interval(dtype)
+        edges = np.array(ref_edges(n_bins, dtype)[1:-1])
+        expected = torch.from_numpy((values.double().numpy()[:, None] > edges[None, :]).sum(1))
+        count, _, _ = cal.binned_statistics(values, torch.zeros_like(values), n_bins)
+        assert torch.equal(count, torch.bincount(expected, minlength=n_bins).double())
+        assert torch.equal(CF._bin_index(values, n_bins).long(), expected), dtype
+
+
 def test_single_sample_and_empty_input():
     probs = torch.tensor([[0.2, 0.7, 0.1]], dtype=torch.float64)
     for target, gap in ((1, 0.3), (0, 0.7)):

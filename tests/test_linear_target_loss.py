@@ -200,6 +200,31 @@ def test_half_inputs(dtype, case):
         torch.testing.assert_close(grad.float() / scale, ref_grad / scale, rtol=0, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_half_matmul(dtype, reduction):
+    (hidden, weight, bias), target = make_inputs(dtype=dtype, ignore_every=6)
+    upcast = [t.detach().float().requires_grad_() for t in (hidden, weight, bias)]
+
+    def loss(hidden, weight, bias, half_matmul=True):
+        return linear_target_loss(
+            hidden, weight, target, loss="focal", bias=bias, chunk_size=9,
+            reduction=reduction, half_matmul=half_matmul,
+        )  # fmt: skip
+
+    value, grads = run(loss, [hidden, weight, bias], target, reduction)
+    ref_value, ref_grads = run(loss, upcast, target, reduction)
+    assert value.dtype == torch.float32
+    torch.testing.assert_close(value, ref_value, rtol=2e-2, atol=2e-2)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        assert grad.dtype == dtype and bool(grad.isfinite().all())
+        scale = ref_grad.abs().max()
+        torch.testing.assert_close(grad.float() / scale, ref_grad / scale, rtol=0, atol=2e-2)
+    # float32 inputs: no effect
+    exact, _ = run(lambda *t: loss(*t, half_matmul=False), upcast, target, reduction)
+    assert torch.equal(run(loss, upcast, target, reduction)[0], exact)
+
+
 def test_half_hidden_with_float32_weight():
     (hidden, weight, bias), target = make_inputs(ignore_every=6)
     half = hidden.detach().bfloat16().requires_grad_()
@@ -332,10 +357,12 @@ def test_bad_arguments():
 
 
 def test_default_chunk_size():
-    assert default_chunk_size(8192, 32000) * 32000 * 4 <= 64 * 2**20
+    assert default_chunk_size(8192, 32000, 512) * 32000 * 4 <= 64 * 2**20
+    assert default_chunk_size(8192, 128000, 512) == 256  # the floor of rows
+    assert default_chunk_size(8192, 10**9, 64) == 32  # floor: H / 2
     assert default_chunk_size(3, 100) == 3
-    assert default_chunk_size(8192, 10**9) == 1
-    sizes = [default_chunk_size(10**6, v) for v in (1000, 32000, 128000, 256000)]
+    assert default_chunk_size(8192, 10**9, 1) == 1
+    sizes = [default_chunk_size(10**6, v, 4096) for v in (1000, 32000, 128000, 256000)]
     assert all(s & (s - 1) == 0 for s in sizes)  # powers of two
     assert sizes == sorted(sizes, reverse=True)
 

@@ -24,7 +24,7 @@ from lightning_losses.lm import (
     split_topics,
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "lm"
 
 
 @pytest.fixture(scope="module")

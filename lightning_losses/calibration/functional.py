@@ -278,16 +278,27 @@ def confidence_and_correct(
 
 
 def _bin_index(confidence: Tensor, n_bins: int) -> Tensor:
-    """Equal-width bin of each confidence: the number of edges ``k/B`` (1 <= k < B) below it.
+    """Equal-width bin of each confidence (int32): the number of edges ``e_k`` below it.
 
-    That is ``clamp(ceil(c·B) - 1, 0, B-1)``: bins ``(k/B, (k+1)/B]``, 0 in the first. The
-    edges are rounded to the confidences' dtype and compared exactly (in float32, or float64
-    for float64 input), so ``c`` equal to ``k/B`` in its own dtype falls in bin ``k - 1``.
+    The edges are ``e_k = k/B`` (``1 <= k < B``) rounded to the confidences' dtype, so the bins
+    are ``(e_k, e_{k+1}]`` with 0 in the first, i.e. ``clamp(ceil(c·B) - 1, 0, B-1)``, and a
+    confidence equal to ``k/B`` as written in its dtype falls in bin ``k - 1``.
+
+    float64 confidences, and bins narrower than twice the dtype's epsilon, are located with
+    ``torch.bucketize``. Otherwise (float32 up to 4M bins, float16 512, bfloat16 64) a faster
+    exact form: ``k = floor(c·B)`` is exact in float64 (a 24-bit significand times ``B``), so
+    ``k/B <= c < (k+1)/B``; each ``e_j`` lies within ``eps/4 < 1/(2B)`` of ``j/B`` and is the
+    nearest dtype value to it (no dtype value lies strictly between them), hence every ``e_j``
+    with ``j < k`` is below ``c``, none with ``j > k`` is, and the bin is ``k - [c <= e_k]``.
     """
-    work = _work_dtype(confidence.dtype)
-    edges = torch.arange(1, n_bins, dtype=torch.float64, device=confidence.device) / n_bins
-    edges = edges.to(confidence.dtype).to(work)
-    return torch.bucketize(confidence.to(work), edges, right=False, out_int32=True)
+    dtype = confidence.dtype
+    if dtype == torch.float64 or n_bins * torch.finfo(dtype).eps > 0.5:
+        edges = torch.arange(1, n_bins, dtype=torch.float64, device=confidence.device) / n_bins
+        return torch.bucketize(confidence, edges.to(dtype), right=False, out_int32=True)
+    scaled = torch.nan_to_num(confidence.to(torch.float64) * n_bins, nan=n_bins - 1.0)
+    k = scaled.floor_().clamp_(0, n_bins - 1)
+    on_lower_edge = (confidence <= k.div(n_bins).to(dtype)) & (k > 0)
+    return k.to(torch.int32).sub_(on_lower_edge.to(torch.int32))
 
 
 def binned_statistics(

@@ -62,7 +62,11 @@ _CHECKS: dict[str, Callable[..., None]] = {
 }
 
 #: Bytes of one chunk's float32 logits that :func:`default_chunk_size` aims at.
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 64 * 2**20
+#: Fewest rows per chunk (unless ``hidden_size / 2`` is smaller): each chunk adds its
+#: contribution to the whole ``[V, H]`` weight gradient, a pass over ``V * H`` numbers that
+#: only a few hundred rows amortise.
+MIN_CHUNK_ROWS = 256
 
 
 def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, dict[str, Any]]:
@@ -98,21 +102,32 @@ def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, di
     return FAMILY[loss], resolved
 
 
-def default_chunk_size(num_rows: int, vocab_size: int, *, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk so that a chunk's float32 logits take about ``chunk_bytes``.
+def default_chunk_size(
+    num_rows: int,
+    vocab_size: int,
+    hidden_size: int | None = None,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> int:
+    """Rows per chunk: about ``chunk_bytes`` of float32 logits, and at least a few hundred rows.
 
-    The row count is rounded down to a power of two (at least 1, at most ``num_rows``). The
-    default of 16 MiB was chosen by measurement on a CPU (``benchmarks/lm_head.py``): the
-    matrix products are as fast at 64 rows as at 1024, and the logits buffer then stays small
-    beside the unavoidable ``[V, H]`` weight gradient.
+    ``rows = max(chunk_bytes / (4 V), min(256, H / 2))``, rounded down to a power of two and
+    clipped to ``[1, num_rows]``. Each chunk costs three matrix products and one pass over the
+    ``[V, H]`` weight gradient (``addmm`` of the chunk's contribution), so small chunks are
+    slow: measured on a 2-core CPU with one thread and H=512, 32 rows took 2.3x the time of
+    256 rows at V=128000 (N=2048), and 128 rows 1.07x the time of 512 at V=32000 (N=8192). The
+    64 MiB budget keeps the logits buffer small beside the weight gradient (``4 V H`` bytes)
+    at moderate vocabularies, the floor keeps large vocabularies fast; at ``rows = H / 2`` the
+    buffer is half the weight gradient.
 
     Example:
-        >>> default_chunk_size(8192, 32000), default_chunk_size(8192, 128000)
-        (128, 32)
-        >>> default_chunk_size(10, 32000), default_chunk_size(8192, 10**9)
-        (10, 1)
+        >>> default_chunk_size(8192, 32000, 512), default_chunk_size(8192, 128000, 512)
+        (512, 256)
+        >>> default_chunk_size(10, 32000), default_chunk_size(8192, 10**9, 64)
+        (10, 32)
     """
-    rows = max(1, chunk_bytes // (4 * max(vocab_size, 1)))
+    floor = min(MIN_CHUNK_ROWS, max(1, (hidden_size or 2 * MIN_CHUNK_ROWS) // 2))
+    rows = max(chunk_bytes // (4 * max(vocab_size, 1)), floor, 1)
     rows = 1 << (rows.bit_length() - 1)
     return max(1, min(rows, num_rows))
 
@@ -175,17 +190,22 @@ class _Head:
     """One call's rows, in the compute dtype, and how to walk them chunk by chunk.
 
     ``rows`` holds the indices of the non-ignored rows, or is ``None`` when every row counts
-    (then chunks are plain slices and nothing is copied).
+    (then chunks are plain slices and nothing is copied). ``dtype`` is that of the softmax and
+    of the sums (float32 at least); ``matmul_dtype`` that of the matrix products: ``dtype``, or
+    the inputs' half precision with ``half_matmul`` (then ``half_buffer`` holds a chunk's
+    logits and gradient in it).
     """
 
     hidden: Tensor  # [N, H], input dtype
-    weight: Tensor  # [V, H], compute dtype
+    weight: Tensor  # [V, H], matmul dtype
     bias: Tensor | None  # [V], compute dtype
     target: Tensor  # [N]
     rows: Tensor | None
     count: int
     dtype: torch.dtype
+    matmul_dtype: torch.dtype
     chunk_size: int
+    half_buffer: Tensor | None = None
 
     @classmethod
     def build(
@@ -196,25 +216,32 @@ class _Head:
         target: Tensor,
         ignore_index: int,
         chunk_size: int | None,
+        half_matmul: bool = False,
     ) -> _Head:
-        dtype = compute_dtype(torch.promote_types(hidden.dtype, weight.dtype))
+        input_dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        dtype = compute_dtype(input_dtype)
         if bias is not None:
             dtype = torch.promote_types(dtype, bias.dtype)
+        matmul_dtype = input_dtype if half_matmul and input_dtype.itemsize < 4 else dtype
         valid = target != ignore_index
         count = int(valid.sum())
         rows = None if count == target.numel() else valid.nonzero().squeeze(1)
         if chunk_size is None:
-            chunk_size = default_chunk_size(max(count, 1), weight.shape[0])
-        return cls(
+            chunk_size = default_chunk_size(max(count, 1), weight.shape[0], weight.shape[1])
+        head = cls(
             hidden=hidden,
-            weight=weight.to(dtype),
+            weight=weight.to(matmul_dtype),
             bias=None if bias is None else bias.to(dtype),
             target=target,
             rows=rows,
             count=count,
             dtype=dtype,
+            matmul_dtype=matmul_dtype,
             chunk_size=chunk_size,
         )
+        if matmul_dtype != dtype and count > 0:
+            head.half_buffer = head.logits_buffer(matmul_dtype)
+        return head
 
     def chunks(self) -> Iterator[tuple[int, int, Tensor | None, Tensor, Tensor]]:
         """``(start, size, row_index, hidden_chunk, target_chunk)`` over the counted rows."""
@@ -228,17 +255,28 @@ class _Head:
                 index = self.rows.narrow(0, start, size)
                 hidden = self.hidden.index_select(0, index)
                 target = self.target.index_select(0, index)
-            yield start, size, index, hidden.to(self.dtype), target
+            yield start, size, index, hidden.to(self.matmul_dtype), target
 
-    def logits_buffer(self) -> Tensor:
+    def logits_buffer(self, dtype: torch.dtype | None = None) -> Tensor:
         rows = min(self.chunk_size, max(self.count, 1))
-        return torch.empty(rows, self.weight.shape[0], dtype=self.dtype, device=self.weight.device)
+        shape = (rows, self.weight.shape[0])
+        return torch.empty(shape, dtype=dtype or self.dtype, device=self.weight.device)
 
     def logits(self, hidden: Tensor, out: Tensor) -> Tensor:
-        torch.mm(hidden, self.weight.t(), out=out)
+        """``hidden @ weight.T + bias`` into ``out`` (in ``dtype``)."""
+        if self.half_buffer is None:
+            torch.mm(hidden, self.weight.t(), out=out)
+        else:
+            out.copy_(torch.mm(hidden, self.weight.t(), out=self.half_buffer[: out.shape[0]]))
         if self.bias is not None:
             out.add_(self.bias)
         return out
+
+    def to_matmul(self, grad_logits: Tensor) -> Tensor:
+        """A chunk's logit gradient in ``matmul_dtype`` (in ``half_buffer`` when half)."""
+        if self.half_buffer is None:
+            return grad_logits
+        return self.half_buffer[: grad_logits.shape[0]].copy_(grad_logits)
 
 
 @dataclass
@@ -257,7 +295,9 @@ class _Grads:
         if needs[0]:
             make = torch.empty if head.rows is None else torch.zeros
             grad_hidden = make(hidden.shape, dtype=hidden.dtype, device=device)
-        grad_weight = torch.zeros_like(head.weight) if needs[1] else None
+        grad_weight = None
+        if needs[1]:
+            grad_weight = torch.zeros(head.weight.shape, dtype=head.dtype, device=device)
         grad_bias = None
         if needs[2] and head.bias is not None:
             grad_bias = torch.zeros_like(head.bias)
@@ -266,19 +306,23 @@ class _Grads:
     def add_chunk(
         self, head: _Head, grad_logits: Tensor, hidden: Tensor, start: int, index: Tensor | None
     ) -> None:
-        """Add one chunk's contribution, given ``dL/dlogits`` of its rows."""
-        if self.hidden is not None:
-            size = grad_logits.shape[0]
-            if index is None and self.hidden.dtype == head.dtype:
-                torch.mm(grad_logits, head.weight, out=self.hidden.narrow(0, start, size))
-            elif index is None:
-                self.hidden.narrow(0, start, size).copy_(grad_logits @ head.weight)
-            else:
-                self.hidden.index_copy_(0, index, (grad_logits @ head.weight).to(self.hidden.dtype))
-        if self.weight is not None:
-            self.weight.addmm_(grad_logits.t(), hidden)
+        """Add one chunk's contribution, given ``dL/dlogits`` of its rows (in ``dtype``)."""
         if self.bias is not None:
             self.bias.add_(grad_logits.sum(0))
+        grad = head.to_matmul(grad_logits)
+        if self.hidden is not None:
+            size = grad.shape[0]
+            if index is None and self.hidden.dtype == grad.dtype:
+                torch.mm(grad, head.weight, out=self.hidden.narrow(0, start, size))
+            elif index is None:
+                self.hidden.narrow(0, start, size).copy_(grad @ head.weight)
+            else:
+                self.hidden.index_copy_(0, index, (grad @ head.weight).to(self.hidden.dtype))
+        if self.weight is not None:
+            if grad.dtype == self.weight.dtype:
+                self.weight.addmm_(grad.t(), hidden)
+            else:  # half products, summed over the chunks in float32
+                self.weight.add_(grad.t() @ hidden)
 
     def finish(self, weight: Tensor, bias: Tensor | None) -> _Grads:
         """Cast the accumulators to the dtypes of ``weight`` and ``bias``."""
@@ -373,6 +417,7 @@ class _Spec:
     ignore_index: int
     chunk_size: int | None
     needs: tuple[bool, bool, bool]
+    half_matmul: bool
 
 
 class _LinearTargetLoss(torch.autograd.Function):
@@ -390,7 +435,9 @@ class _LinearTargetLoss(torch.autograd.Function):
     ) -> Tensor:
         ctx.spec = spec
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head.build(hidden, weight, bias, target, spec.ignore_index, spec.chunk_size)
+            head = _Head.build(
+                hidden, weight, bias, target, spec.ignore_index, spec.chunk_size, spec.half_matmul
+            )
             if spec.reduction == "none":
                 values, lse, derivatives = _forward_chunks(
                     head, spec.phi, spec.hyperparameters, keep_for_backward=True
@@ -412,7 +459,15 @@ class _LinearTargetLoss(torch.autograd.Function):
         if spec.reduction == "none":
             hidden, weight, bias, target, lse, derivatives = ctx.saved_tensors
             with torch.autocast(grad_output.device.type, enabled=False):
-                head = _Head.build(hidden, weight, bias, target, spec.ignore_index, spec.chunk_size)
+                head = _Head.build(
+                    hidden,
+                    weight,
+                    bias,
+                    target,
+                    spec.ignore_index,
+                    spec.chunk_size,
+                    spec.half_matmul,
+                )
                 grad_rows = grad_output.reshape(-1)
                 if head.rows is not None:
                     grad_rows = grad_rows.index_select(0, head.rows)
@@ -445,6 +500,7 @@ def linear_target_loss(
     chunk_size: int | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    half_matmul: bool = False,
     validate_args: bool = True,
     **hyperparameters: Any,
 ) -> Tensor:
@@ -455,16 +511,16 @@ def linear_target_loss(
     processed ``chunk_size`` at a time and each chunk's logits live only inside the chunk. Per
     row, ``log p_t = x_t - logsumexp(x)`` and the loss is ``phi(log p_t)``:
 
-    ==================  =======================================================  ===========
-    ``loss``            ``phi(log p_t)``                                         keywords
-    ==================  =======================================================  ===========
+    ==================  =====================================================  ====================================
+    ``loss``            ``phi(log p_t)``                                       keywords
+    ==================  =====================================================  ====================================
     ``ce``              ``-log p_t``
-    ``gamma_ce``        ``-log(g + (1-g) p_t)/(1-g)``; ``-max(b, w) log p_t``    ``gamma=0.5, threshold=0``
+    ``gamma_ce``        ``-log(g + (1-g) p_t)/(1-g)``; ``-max(b, w) log p_t``  ``gamma=0.5, threshold=0``
     ``soft_accuracy``   ``1 - p_t``
-    ``focal``           ``-(1-p_t)^gamma log p_t``                               ``gamma=2``
-    ``adaptive_focal``  focal, ``gamma`` from ``p_t`` (FLSD-53)                   ``thresholds=(0.2,), gammas=(5, 3)``
-    ``hard_truncated``  ``-log p_t`` where ``p_t <= margin``, else 0             ``margin=0.5``
-    ==================  =======================================================  ===========
+    ``focal``           ``-(1-p_t)^gamma log p_t``                             ``gamma=2``
+    ``adaptive_focal``  focal, ``gamma`` from ``p_t`` (FLSD-53)                ``thresholds=(0.2,), gammas=(5, 3)``
+    ``hard_truncated``  ``-log p_t`` where ``p_t <= margin``, else 0           ``margin=0.5``
+    ==================  =====================================================  ====================================
 
     The gradient with respect to the logits is ``-phi'(log p_t) (softmax(x) - onehot(t))``,
     so with ``"mean"`` or ``"sum"`` the gradients of ``hidden``, ``weight`` and ``bias`` are
@@ -472,8 +528,11 @@ def linear_target_loss(
     use ``"none"`` for ``retain_graph``). ``"none"`` recomputes each chunk's logits in the
     backward pass: one matrix product more per chunk (about 4/3 the time), same memory.
     When nothing requires a gradient, no gradient work is done. Half-precision inputs are
-    computed in float32 (the weight is cast once, each chunk's rows as it comes); the loss is
-    returned in float32 and the gradients in the inputs' dtypes. Autocast is disabled inside.
+    computed in float32 (the weight is cast once, each chunk's rows as it comes), or with
+    ``half_matmul=True`` multiplied in their own precision (the products accumulate in float32
+    but round their results to half; softmax, ``phi`` and the sums over chunks stay float32).
+    The loss is returned in float32 and the gradients in the inputs' dtypes. Autocast is
+    disabled inside.
 
     Sources: TaiLr (Ji et al., ICLR 2023; seed 001) for ``gamma_ce``, which was made for text
     generation; focal loss (Lin et al., 2017; seed 004); PyTorch's chunked
@@ -486,11 +545,15 @@ def linear_target_loss(
         loss: a name of the family: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``,
             ``adaptive_focal``, ``hard_truncated``.
         bias: optional ``[V]`` output bias.
-        chunk_size: rows per chunk; ``None`` chooses :func:`default_chunk_size` (about 16 MiB
-            of float32 logits).
+        chunk_size: rows per chunk; ``None`` chooses :func:`default_chunk_size` (about 64 MiB
+            of float32 logits, at least ``min(256, H / 2)`` rows).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape of ``target``, 0 where ignored), ``"mean"`` (over the
             non-ignored rows; 0 with zero gradient when there are none) or ``"sum"``.
+        half_matmul: with bfloat16 / float16 ``hidden`` and ``weight``, run the three matrix
+            products in that precision (faster where the hardware has half matrix units: 1.75x
+            for bfloat16 on a CPU with AMX; logits and gradients then carry half rounding).
+            No effect on float32 and float64 inputs.
         validate_args: check target values (one device synchronisation). Finding the
             non-ignored rows synchronises once in any case.
         **hyperparameters: the loss's keywords above, checked as in the plain-logits loss.
@@ -516,16 +579,19 @@ def linear_target_loss(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_target = target.reshape(-1)
     grad_enabled = torch.is_grad_enabled()
-    needs = tuple(
-        grad_enabled and tensor is not None and tensor.requires_grad
-        for tensor in (hidden, weight, bias)
+    needs = (
+        grad_enabled and hidden.requires_grad,
+        grad_enabled and weight.requires_grad,
+        grad_enabled and bias is not None and bias.requires_grad,
     )
     if any(needs):
-        spec = _Spec(phi, resolved, reduction, ignore_index, chunk_size, needs)  # type: ignore[arg-type]
+        spec = _Spec(phi, resolved, reduction, ignore_index, chunk_size, needs, bool(half_matmul))
         result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, spec)
     else:
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-            head = _Head.build(flat_hidden, weight, bias, flat_target, ignore_index, chunk_size)
+            head = _Head.build(
+                flat_hidden, weight, bias, flat_target, ignore_index, chunk_size, half_matmul
+            )
             values, _, _ = _forward_chunks(head, phi, resolved)
             result = _reduce(head, values, reduction)
     return result.reshape(target.shape) if reduction == "none" else result

@@ -1,0 +1,166 @@
+"""``lightning-losses reproduce``: test the seeds' claims with tracked runs and write a report.
+
+``lightning-losses reproduce [--claims 1 3] [--seeds 3] [--out reports/] [--tracking-uri URI]
+[--epochs-scale F]`` runs (or reuses, by MLflow tags) every variant of each claim for each
+seed, one MLflow experiment per claim (``claim-3-gamma-ce``...), reads the numbers back from
+MLflow and writes ``<out>/REPORT.md`` with a table (mean ± std over seeds), a verdict with the
+numbers it rests on, the run ids and the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .claims import CLAIMS
+from .report import (
+    ClaimResult,
+    collect,
+    curves_figure,
+    reliability_figures,
+    scale_figure,
+    write_report,
+)
+from .runner import COMPLETE_TAG, client_for, find_run, run_or_reuse, run_tags
+from .spec import Claim
+
+__all__ = ["main", "reproduce", "reproduce_claim"]
+
+#: Tracking URI used when neither ``--tracking-uri`` nor ``MLFLOW_TRACKING_URI`` is set.
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def threshold_run(claim: Claim, tracking_uri: str, out: Path) -> tuple[str, bool]:
+    """Claim 1's single MLflow run: reuse it, or compute the numbers and log them into one."""
+    from . import threshold
+
+    variant = claim.variants[0]
+    tags = run_tags(claim, variant, 0, 1)
+    client = client_for(tracking_uri)
+    found = find_run(client, claim.experiment, tags)
+    if found is not None:
+        return found, True
+    experiment = client.get_experiment_by_name(claim.experiment)
+    experiment_id = (
+        experiment.experiment_id if experiment else client.create_experiment(claim.experiment)
+    )
+    run = client.create_run(experiment_id, tags=tags, run_name="threshold-analysis")
+    for key, value in threshold.analysis().items():
+        client.log_metric(run.info.run_id, key, value)
+    client.set_tag(run.info.run_id, COMPLETE_TAG, "1")
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id, False
+
+
+def run_claim(
+    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path
+) -> tuple[dict[tuple[str, int], str], int]:
+    """Run or reuse every (variant, seed) of a claim; returns the run ids and the reuse count."""
+    if claim.number == 1:
+        run_id, reused = threshold_run(claim, tracking_uri, out)
+        return {("analysis", 0): run_id}, int(reused)
+    runs: dict[tuple[str, int], str] = {}
+    reused_count = 0
+    for variant in claim.variants:
+        for seed in range(seeds):
+            started = time.perf_counter()
+            run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
+            runs[(variant.name, seed)] = run_id
+            reused_count += reused
+            state = "reused" if reused else f"{time.perf_counter() - started:.1f} s"
+            print(f"claim {claim.number} {variant.name} seed {seed}: {run_id} ({state})")
+    return runs, reused_count
+
+
+def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
+    """Draw the claim's figures into ``out``; names relative to the report."""
+    number = result.claim.number
+    if number == 1:
+        from .threshold import figure
+
+        figure(str(out / "claim1_losses.png"))
+        return ["claim1_losses.png"]
+    names = []
+    if number == 5 and scale_figure(result, out / "claim5_scale.png"):
+        names.append("claim5_scale.png")
+    curves = f"claim{number}_curves.png"
+    if curves_figure(result, tracking_uri, out / curves):
+        names.append(curves)
+    if number in (2, 3):
+        names += reliability_figures(result, tracking_uri, out)
+    return names
+
+
+def reproduce_claim(
+    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path
+) -> ClaimResult:
+    """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
+    runs, reused = run_claim(claim, seeds, scale, tracking_uri, out)
+    result = collect(claim, runs, tracking_uri)
+    result.reused = reused
+    result.epochs = {v.name: v.scaled_epochs(scale) for v in claim.variants if claim.number != 1}
+    result.figures = figures(result, tracking_uri, out)
+    return result
+
+
+def reproduce(
+    claims: Sequence[int], seeds: int, out: Path, tracking_uri: str, scale: float
+) -> Path:
+    """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
+    from ..tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out) for n in claims]
+    header = [
+        f"Claims {', '.join(map(str, claims))}; {seeds} seed(s); epochs scale {scale:g}; "
+        f"tracking URI `{uri}`; this invocation took {time.perf_counter() - started:.0f} s."
+    ]
+    if seeds < 2:
+        header.append(
+            "With one seed the ± columns are 0 and say nothing about noise: a difference "
+            "smaller than the seed-to-seed spread can flip a verdict. Use `--seeds 3`."
+        )
+    return write_report(results, out, header)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Command-line options of ``lightning-losses reproduce``."""
+    parser = argparse.ArgumentParser(prog="lightning-losses reproduce", description=__doc__)
+    parser.add_argument(
+        "--claims",
+        type=int,
+        nargs="+",
+        default=sorted(CLAIMS),
+        choices=sorted(CLAIMS),
+        help="claims to test (default: all)",
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (0, 1, ...)")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)",
+    )
+    parser.add_argument(
+        "--epochs-scale",
+        type=float,
+        default=1.0,
+        help="multiply every epoch budget (at least one epoch)",
+    )
+    args = parser.parse_args(list(argv))
+    if args.seeds < 1 or args.epochs_scale <= 0:
+        parser.error("--seeds must be >= 1 and --epochs-scale > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lightning-losses reproduce``."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    path = reproduce(args.claims, args.seeds, args.out, args.tracking_uri, args.epochs_scale)
+    print(f"report: {path}")
+    return 0

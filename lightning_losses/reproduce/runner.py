@@ -1,0 +1,249 @@
+"""Run a variant with the CLI, or reuse its MLflow run, and log the metrics computed after fit.
+
+Each run is tagged ``claim``, ``variant``, ``seed``, ``epochs`` and, once the metrics computed
+after fit are logged, ``reproduce_complete=1``; :func:`find_run` looks a run up by these tags
+with ``MlflowClient.search_runs``, so a finished run is never trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .spec import Claim, Variant
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+#: Prefix of the metrics logged after fit (computed on the fitted model's predictions).
+PREFIX = "rep/"
+#: Tag set once a run's post-fit metrics are all logged.
+COMPLETE_TAG = "reproduce_complete"
+#: Bins of the test reliability diagram.
+N_BINS = 15
+#: Artifact holding the test reliability bins.
+BINS_ARTIFACT = "reproduce/test_bins.json"
+#: Precision at which the rare class's recall is read.
+RECALL_AT_PRECISION = 0.9
+#: Repository root: shipped configs are found relative to it from any working directory.
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def client_for(tracking_uri: str) -> MlflowClient:
+    """An ``MlflowClient`` on ``tracking_uri``."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def run_tags(claim: Claim, variant: Variant, seed: int, epochs: int) -> dict[str, str]:
+    """The tags that identify a run of ``variant`` with ``seed`` and ``epochs``."""
+    return {
+        "claim": str(claim.number),
+        "variant": variant.name,
+        "seed": str(seed),
+        "epochs": str(epochs),
+    }
+
+
+def find_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str | None:
+    """Run id of a complete run of ``experiment`` with exactly these tags, else None."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    clauses = [f"tags.{key} = '{value}'" for key, value in {**tags, COMPLETE_TAG: "1"}.items()]
+    runs = client.search_runs(
+        [found.experiment_id],
+        filter_string=" and ".join(clauses),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def config_path(config: str) -> str:
+    """``config`` as given if it exists, else relative to the repository root."""
+    if Path(config).is_file():
+        return config
+    return str(REPOSITORY / config)
+
+
+def fit_args(
+    claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
+) -> list[str]:
+    """``lightning-losses fit`` arguments of one run (config, overrides, budget, tracking)."""
+    tags = json.dumps(run_tags(claim, variant, seed, epochs))
+    return [
+        "fit",
+        "--config",
+        config_path(variant.config),
+        *variant.overrides,
+        f"--seed_everything={seed}",
+        f"--data.init_args.seed={seed}",
+        f"--trainer.max_epochs={epochs}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.logger.init_args.tracking_uri={tracking_uri}",
+        f"--trainer.logger.init_args.experiment_name={claim.experiment}",
+        f"--trainer.logger.init_args.run_name={variant.name}-s{seed}",
+        f"--trainer.logger.init_args.save_dir={out / 'mlflow_runs'}",
+        "--trainer.logger.init_args.log_model=false",
+        f"--trainer.logger.init_args.tags={tags}",
+    ]
+
+
+@torch.no_grad()
+def predict_logits(model: torch.nn.Module, datamodule: Any, split: str) -> tuple[Any, Any]:
+    """Logits and targets of the fitted model on one split of the DataModule."""
+    model.eval()
+    features, target = datamodule.dataset(split).tensors
+    return model(features.to(model.device)).float().cpu(), target
+
+
+def multiclass_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """Accuracy, NLL, ECE, Brier, mean confidence and confidence - accuracy of top-1."""
+    from ..calibration import brier_score, calibration_error, negative_log_likelihood
+
+    options = {"input_format": "logits", "task": "multiclass"}
+    probs = torch.softmax(logits, dim=1)
+    accuracy = float((logits.argmax(1) == target).float().mean())
+    confidence = float(probs.max(1).values.mean())
+    return {
+        "acc": accuracy,
+        "nll": float(negative_log_likelihood(logits, target, **options)),
+        "ece": float(calibration_error(logits, target, n_bins=N_BINS, **options)),
+        "brier": float(brier_score(logits, target, **options)),
+        "conf_gap": confidence - accuracy,
+    }
+
+
+def binary_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """Rare-class PR-AUC, F1 at 0.5, recall at precision >= 0.9, ECE and NLL (sklearn)."""
+    from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve
+
+    from ..calibration import calibration_error
+
+    y = target.float().numpy()
+    score = torch.sigmoid(logits).numpy()
+    precision, recall, _ = precision_recall_curve(y, score)
+    reachable = recall[precision >= RECALL_AT_PRECISION]
+    nll = torch.nn.functional.binary_cross_entropy_with_logits(logits, target.float())
+    return {
+        "pr_auc": float(average_precision_score(y, score)),
+        "f1": float(f1_score(y, score > 0.5, zero_division=0)),
+        "recall_at_p90": float(reachable.max()) if reachable.size else 0.0,
+        "ece": float(
+            calibration_error(logits, target.float(), n_bins=N_BINS, input_format="logits")
+        ),
+        "nll": float(nll),
+        "acc": float(((score > 0.5) == (y > 0.5)).mean()),
+    }
+
+
+def nm_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """How often the target ranks first in each task, and the softmax NLL per task."""
+    flat = logits.flatten(0, 1)
+    return {
+        "acc": float((logits.argmax(2) == target).float().mean()),
+        "nll": float(torch.nn.functional.cross_entropy(flat, target.flatten())),
+    }
+
+
+SPLIT_METRICS = {"multiclass": multiclass_metrics, "binary": binary_metrics, "nm": nm_metrics}
+
+
+def test_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
+    """Equal-width reliability bins of the top label on the test split."""
+    from ..calibration.functional import binned_statistics, confidence_and_correct
+
+    confidence, correct = confidence_and_correct(logits, target, input_format="logits")
+    count, conf_sum, correct_sum = binned_statistics(confidence, correct, N_BINS)
+    return {"count": count.tolist(), "conf_sum": conf_sum.tolist(), "correct": correct_sum.tolist()}
+
+
+def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dict | None]:
+    """Metrics of the fitted model on test, val and train, plus test reliability bins.
+
+    Keys: ``test_<m>``, ``val_<m>``, ``train_<m>``, ``nll_gap`` (val NLL - train NLL) and
+    ``scale`` (the cosine head's final scale) where the model has one.
+    """
+    compute = SPLIT_METRICS[model.task]
+    metrics: dict[str, float] = {}
+    bins = None
+    for split in ("test", "val", "train"):
+        logits, target = predict_logits(model, datamodule, split)
+        metrics.update({f"{split}_{k}": v for k, v in compute(logits, target).items()})
+        if split == "test" and model.task == "multiclass":
+            bins = test_bins(logits, target)
+    metrics["nll_gap"] = metrics["val_nll"] - metrics["train_nll"]
+    scale = getattr(model.head, "scale", None)
+    if scale is not None:
+        metrics["scale"] = float(scale)
+    return metrics, bins
+
+
+def log_post_fit(client: MlflowClient, run_id: str, metrics: dict[str, float], bins: Any) -> None:
+    """Log the post-fit metrics (``rep/...``) and bins into the run, then mark it complete."""
+    for key, value in metrics.items():
+        client.log_metric(run_id, PREFIX + key, value if math.isfinite(value) else float("nan"))
+    if bins is not None:
+        client.log_dict(run_id, bins, BINS_ARTIFACT)
+    client.set_tag(run_id, COMPLETE_TAG, "1")
+
+
+def train_variant(
+    claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
+) -> str:
+    """Fit one run with the CLI, log its post-fit metrics, return its run id."""
+    from ..cli import main as cli_main
+
+    argv, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns about a foreign command line
+    try:
+        cli = cli_main(fit_args(claim, variant, seed, epochs, tracking_uri, out))
+    finally:
+        sys.argv[1:] = argv
+    run_id = cli.trainer.logger.run_id
+    metrics, bins = post_fit_metrics(cli.model, cli.datamodule)
+    log_post_fit(client_for(tracking_uri), run_id, metrics, bins)
+    return run_id
+
+
+def run_or_reuse(
+    claim: Claim, variant: Variant, seed: int, scale: float, tracking_uri: str, out: Path
+) -> tuple[str, bool]:
+    """Run id of ``variant`` with ``seed``: an existing complete run, else a new one.
+
+    Returns:
+        ``(run_id, reused)``.
+    """
+    epochs = variant.scaled_epochs(scale)
+    client = client_for(tracking_uri)
+    found = find_run(client, claim.experiment, run_tags(claim, variant, seed, epochs))
+    if found is not None:
+        return found, True
+    return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
+
+
+def read_metrics(client: MlflowClient, run_id: str) -> dict[str, float]:
+    """Latest value of every metric of a run."""
+    return dict(client.get_run(run_id).data.metrics)
+
+
+def read_bins(client: MlflowClient, run_id: str, folder: Path) -> dict | None:
+    """The test reliability bins logged into a run, or None."""
+    try:
+        path = client.download_artifacts(run_id, BINS_ARTIFACT, str(folder))
+    except Exception:  # a run without bins (binary, nm) has no such artifact
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def as_array(values: Any) -> np.ndarray:
+    """A float64 numpy array."""
+    return np.asarray(values, dtype=np.float64)
