@@ -178,6 +178,18 @@ def test_ignored_rows_get_no_gradient():
 # --- precision ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_widely_spread_logits(case):
+    """Logits hundreds apart: the exp floor that keeps subnormals out changes nothing."""
+    _, name, hyper, reference = case
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-4)):
+        (hidden, weight, bias), target = make_inputs(dtype=dtype, ignore_every=5)
+        weight = (weight.detach() * 40).requires_grad_()  # logits of standard deviation ~80
+        ours, plain = both(name, hyper, reference, [hidden, weight, bias], target, "none", 8)
+        assert float(ours[0].max()) > 100 or name in ("soft_accuracy", "gamma_ce")
+        assert_all_close(ours, plain, tol)  # gradients ~1e2: float32 rounding is ~1e-5
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_half_inputs(dtype, case):
@@ -360,6 +372,7 @@ def test_default_chunk_size():
     assert default_chunk_size(8192, 32000, 512) * 32000 * 4 <= 64 * 2**20
     assert default_chunk_size(8192, 128000, 512) == 256  # the floor of rows
     assert default_chunk_size(8192, 10**9, 64) == 32  # floor: H / 2
+    assert default_chunk_size(8192, 1000, 128) == 128  # cap: the buffer <= the weight gradient
     assert default_chunk_size(3, 100) == 3
     assert default_chunk_size(8192, 10**9, 1) == 1
     sizes = [default_chunk_size(10**6, v, 4096) for v in (1000, 32000, 128000, 256000)]
