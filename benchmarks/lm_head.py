@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from peak_memory import reset_peak, status_bytes
 
 from lightning_losses.functional._core import apply_phi
 from lightning_losses.functional.linear import linear_target_loss
@@ -130,29 +131,15 @@ def run_once(case: Case, hidden: torch.Tensor, weight: torch.Tensor, target: tor
     return time.perf_counter() - start
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    """Reset the resident high-water mark (Linux: writing 5 to clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-
-
 def measure_memory(name: str, shape: tuple[int, int, int], dtype: torch.dtype) -> None:
     """Child process: print the peak extra resident memory of one forward + backward."""
     case = all_cases()[name]
     case(*make_inputs((64, 16, 256), dtype)).backward()  # first-call set-up, not counted
     hidden, weight, target = make_inputs(shape, dtype)
-    _reset_peak()
-    before = _status_bytes("VmRSS")
+    reset_peak()
+    before = status_bytes("VmRSS")
     case(hidden, weight, target).backward()
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     print(json.dumps({"extra_bytes": max(peak - before, 0)}))
 
 

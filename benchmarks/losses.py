@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from peak_memory import reset_peak, status_bytes
 
 from lightning_losses import functional as LF
 
@@ -132,28 +133,14 @@ def run_once(case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> f
     return time.perf_counter() - start
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    """Reset the resident high-water mark (Linux: writing 5 to clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-
-
 def measure_memory(name: str, rows: int, classes: int) -> None:
     """Child process: print the peak extra resident memory of one forward + backward."""
     _, case = all_cases()[name]
     x, t, y = make_inputs(rows, classes)
-    _reset_peak()
-    before = _status_bytes("VmRSS")
+    reset_peak()
+    before = status_bytes("VmRSS")
     case(x, t, y).backward()
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     print(json.dumps({"extra_bytes": max(peak - before, 0)}))
 
 
