@@ -26,6 +26,11 @@ class NormFaceHead(nn.Module):
     additive angular margin, continued as ``c - margin * sin(margin)`` where ``arccos(c) +
     margin`` would pass ``pi``). Without ``target`` (evaluation) the plain cosines are scaled.
 
+    A feature row of zeros (a ReLU backbone whose units are all off for one input) has no
+    direction: its cosines are 0, so its logits are 0 and its softmax is uniform, and its
+    gradient is the one of ``f @ unit_weight.T`` (finite, towards the target's weight) instead
+    of the ``1 / eps`` blow-up of ``f / max(||f||, eps)``. Training does not stop on such a row.
+
     Sources: Wang et al., NormFace (2017); Wang et al., CosFace (2018); Deng et al., ArcFace
     (2019); seed 003.
 
@@ -41,6 +46,8 @@ class NormFaceHead(nn.Module):
         >>> logits = head(torch.randn(2, 4))
         >>> logits.shape, bool(logits.abs().max() <= 10.0)
         (torch.Size([2, 3]), True)
+        >>> head(torch.zeros(1, 4))
+        tensor([[0., 0., 0.]], grad_fn=<MulBackward0>)
     """
 
     def __init__(
@@ -71,8 +78,10 @@ class NormFaceHead(nn.Module):
             self.scale = float(scale)
 
     def cosine(self, features: Tensor) -> Tensor:
-        """``cos(feature, class weight)``, ``[N, C]``; zero-norm features are an error."""
-        unit_features = features / feature_norm(features)[..., None]
+        """``cos(feature, class weight)``, ``[N, C]``; 0 for a zero feature row."""
+        norm = feature_norm(features, validate_args=False)
+        # A zero row is divided by 1: it stays zero, with a bounded gradient.
+        unit_features = features / torch.where(norm > 0, norm, 1.0)[..., None]
         unit_weight = self.weight / torch.linalg.vector_norm(self.weight, dim=1, keepdim=True)
         return unit_features @ unit_weight.to(features.dtype).T
 

@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize, minimize_scalar
 
+from lightning_losses.cli import main as cli_main
 from lightning_losses.reproduce import reproduce
-from lightning_losses.reproduce.claims import CLAIM_3, gamma_ce_conditions
+from lightning_losses.reproduce.claims import CLAIM_3, CLAIMS, gamma_ce_conditions, scale_conditions
 from lightning_losses.reproduce.report import aggregate, cell
 from lightning_losses.reproduce.spec import (
     MIXED,
     NOT_SUPPORTED,
     SUPPORTED,
     Condition,
+    config_path,
+    load_variants,
     verdict,
 )
 from lightning_losses.reproduce.threshold import analysis
@@ -59,6 +62,76 @@ def test_aggregate_mean_std() -> None:
     table = aggregate(runs, {"r0": {"m": 1.0}, "r1": {"m": 3.0}}, ["m"])
     assert table["a"]["m"] == (2.0, pytest.approx(math.sqrt(2)), 2)
     assert cell(table["a"]["m"]) == "2.0000 ± 1.4142"
+
+
+def test_claim5_best_fixed_scale_comes_from_the_table() -> None:
+    row = {"rep/test_acc": (0.97, 0.0, 1)}
+    table = {"normface_s1": {"rep/test_acc": (0.5, 0.0, 1)}, "normface_s16": row}
+    (small_scale, *_) = scale_conditions(table)
+    assert (small_scale.left, small_scale.right) == (0.5, pytest.approx(0.92))
+    assert small_scale.holds
+
+
+# --- experiment files -----------------------------------------------------------------------------
+
+
+def _dotted(config: dict, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+@pytest.mark.parametrize("number", [n for n in CLAIMS if n != 1])
+def test_experiment_files_parse_and_their_overrides_reach_the_cli(number, capsys) -> None:
+    import yaml
+
+    claim = CLAIMS[number]
+    spec = yaml.safe_load(open(claim.experiment_file))
+    assert [v.name for v in claim.variants] == [item["name"] for item in spec["variants"]]
+    for variant, item in zip(claim.variants, spec["variants"], strict=True):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(
+                [
+                    "fit",
+                    "--config",
+                    config_path(variant.config),
+                    *variant.overrides,
+                    "--print_config",
+                ]
+            )
+        assert exit_info.value.code in (0, None)
+        printed = yaml.safe_load(capsys.readouterr().out)
+        expected = {**(spec.get("overrides") or {}), **(item.get("overrides") or {})}
+        for key, value in expected.items():
+            assert _dotted(printed, key) == value, (variant.name, key)
+        assert variant.epochs == item.get("epochs", spec["epochs"])
+
+
+def test_experiment_file_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="experiment file"):
+        load_variants(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("variants:\n  - name: a\n")
+    with pytest.raises(ValueError, match=r"variants\[0\] must be a mapping with .*config"):
+        load_variants(bad)
+    bad.write_text("variants:\n  - {name: a, config: c.yaml}\n  - {name: a, config: c.yaml}\n")
+    with pytest.raises(ValueError, match="'a' is used twice"):
+        load_variants(bad)
+    bad.write_text("variants:\n  - {name: a, config: c.yaml, overrides: [x]}\n")
+    with pytest.raises(ValueError, match="overrides must be a mapping"):
+        load_variants(bad)
+    bad.write_text("epochs: 3\n")
+    with pytest.raises(ValueError, match="at least one variant"):
+        load_variants(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "epochs: 3\noverrides: {data.init_args.seed: 1}\n"
+        "variants:\n  - {name: a, config: c.yaml, epochs: 9,\n"
+        "     overrides: {m.alpha: null, m.log: true}}\n"
+    )
+    (variant,) = load_variants(good)
+    assert variant.epochs == 9
+    assert variant.overrides == ("--data.init_args.seed=1", "--m.alpha=null", "--m.log=true")
 
 
 # --- claim 1 against scipy on the closed form -----------------------------------------------------

@@ -441,14 +441,36 @@ def test_feature_incay_zero_norm_row():
 
 
 @pytest.mark.parametrize("kind", ["normface", "cosface", "arcface"])
-def test_head_zero_norm_features(kind):
-    head = NormFaceHead(3, 4, scale=10.0, margin=0.2 if kind != "normface" else 0.0, kind=kind)
-    f = torch.randn(4, 3)
+def test_head_zero_norm_features_give_zero_cosines(kind):
+    # A ReLU backbone can output an all-zero feature row; training must not stop on it.
+    margin = 0.2 if kind != "normface" else 0.0
+    head = NormFaceHead(3, 4, scale=10.0, margin=margin, kind=kind).double()
+    f = torch.randn(4, 3, dtype=torch.float64)
     f[2] = 0
-    with pytest.raises(ValueError, match="features"):
-        head(f)
-    with pytest.raises(ValueError, match="features"):
-        head(f, torch.tensor([0, 1, 2, 3]))
+    f.requires_grad_(True)
+    target = torch.tensor([0, 1, 2, 3])
+    w = head.weight.detach()
+    unit_w = w / w.norm(dim=1, keepdim=True)
+    # reference: plain cosines, zero for the zero row
+    cos = torch.zeros(4, 4, dtype=torch.float64)
+    for i in (0, 1, 3):
+        cos[i] = unit_w @ (f[i].detach() / f[i].detach().norm())
+    torch.testing.assert_close(head(f), 10.0 * cos)
+    logits = head(f, target)
+    expected = cos.clone()
+    if kind == "cosface":
+        expected[torch.arange(4), target] -= margin
+    elif kind == "arcface":
+        expected[torch.arange(4), target] = torch.cos(
+            torch.arccos(cos[torch.arange(4), target]) + margin
+        )
+    torch.testing.assert_close(logits, 10.0 * expected)
+    upstream = torch.randn(4, 4, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((logits * upstream).sum(), f)
+    assert torch.isfinite(grad).all()
+    if kind == "normface":
+        # the zero row is divided by 1: its gradient is scale * upstream @ unit_weight
+        torch.testing.assert_close(grad[2], 10.0 * upstream[2] @ unit_w)
 
 
 def test_head_bad_arguments():

@@ -145,21 +145,34 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     return names
 
 
+def _points(table: Table, prefix: str, invert: bool = False) -> list[tuple[float, str]]:
+    """``(x, variant)`` sorted by ``x``, for variants named ``<prefix><number>``."""
+    points = []
+    for name in table:
+        if name.startswith(prefix):
+            value = float(name[len(prefix) :])
+            points.append((1 / value if invert else value, name))
+    return sorted(points)
+
+
 def scale_figure(result: ClaimResult, path: Path) -> bool:
-    """Claim 5: test accuracy and ECE against the temperature and the NormFace scale."""
+    """Claim 5: test accuracy and ECE against the temperature and the NormFace scale.
+
+    The x values come from the variant names of the experiment file: ``temperature_<t>``
+    (drawn at ``1 / t``) and ``normface_s<s>``.
+    """
     from ..functional import normface_min_scale
-    from .claims import SCALES, TEMPERATURES
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     series = {
-        "1 / temperature (linear head)": [(1 / t, f"temperature_{t:g}") for t in TEMPERATURES],
-        "NormFace scale": [(s, f"normface_s{s:g}") for s in SCALES],
+        "1 / temperature (linear head)": _points(result.table, "temperature_", invert=True),
+        "NormFace scale": _points(result.table, "normface_s"),
     }
     for ax, key in zip(axes, ("rep/test_acc", "rep/test_ece"), strict=True):
         for label, points in series.items():
-            xs = [x for x, v in points if v in result.table]
-            ys = [result.table[v][key][0] for x, v in points if v in result.table]
+            xs = [x for x, _ in points]
+            ys = [result.table[v][key][0] for _, v in points]
             ax.plot(xs, ys, marker="o", label=label)
         learned = result.table.get("normface_learned", {}).get("rep/scale", (math.nan,))[0]
         ax.axvline(learned, color="k", ls="--", label=f"learned scale {learned:.2f}")

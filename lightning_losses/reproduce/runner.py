@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .spec import Claim, Variant
+from .spec import Claim, Variant, config_path
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -31,8 +31,6 @@ N_BINS = 15
 BINS_ARTIFACT = "reproduce/test_bins.json"
 #: Precision at which the rare class's recall is read.
 RECALL_AT_PRECISION = 0.9
-#: Repository root: shipped configs are found relative to it from any working directory.
-REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -65,13 +63,6 @@ def find_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
-
-
-def config_path(config: str) -> str:
-    """``config`` as given if it exists, else relative to the repository root."""
-    if Path(config).is_file():
-        return config
-    return str(REPOSITORY / config)
 
 
 def fit_args(

@@ -8,10 +8,19 @@ holds, and ``mixed`` otherwise; a missing or NaN number never holds.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+#: Repository root: shipped configs are found relative to it from any working directory.
+REPOSITORY = Path(__file__).resolve().parents[2]
+#: Folder of the experiment files, one ``claim-<number>-<slug>.yaml`` per claim.
+EXPERIMENTS = "configs/experiments"
 
 SUPPORTED = "supported"
 NOT_SUPPORTED = "not supported"
@@ -83,6 +92,79 @@ class Condition:
         return f"{self.text}: {self.left:.4f} {self.op} {self.right:.4f} -> {mark}"
 
 
+def config_path(config: str) -> str:
+    """``config`` as given if it exists, else relative to the repository root."""
+    if Path(config).is_file():
+        return config
+    return str(REPOSITORY / config)
+
+
+def override_argument(key: str, value: Any) -> str:
+    """``--key=value`` for the CLI; booleans, None and numbers as YAML reads them back.
+
+    Example:
+        >>> override_argument("model.criterion.init_args.alpha", None)
+        '--model.criterion.init_args.alpha=null'
+    """
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"--{key}={text}"
+
+
+def _overrides(mapping: Any, where: str) -> tuple[str, ...]:
+    if mapping is None:
+        return ()
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"{where}: overrides must be a mapping of dotted keys to values")
+    return tuple(override_argument(str(k), v) for k, v in mapping.items())
+
+
+def load_variants(path: str | Path) -> tuple[Variant, ...]:
+    """The variants of an experiment file (``configs/experiments/claim-<n>-<slug>.yaml``).
+
+    The file holds ``epochs`` (the default budget), optional ``overrides`` applied to every
+    variant, and ``variants``: a list of ``{name, config, label, overrides, epochs}`` where
+    ``overrides`` maps dotted CLI keys (``model.criterion.init_args.k``) to values.
+
+    Raises:
+        FileNotFoundError: no such file (the experiments ship with the repository, not the
+            wheel).
+        ValueError: a variant without ``name`` or ``config``, a repeated name, or
+            ``overrides`` that are not a mapping.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"experiment file {str(path)!r} not found: run `lightning-losses reproduce` from a "
+            f"checkout of the repository, which has {EXPERIMENTS}/"
+        )
+    spec = yaml.safe_load(path.read_text()) or {}
+    epochs = int(spec.get("epochs", 15))
+    shared = _overrides(spec.get("overrides"), f"{path}")
+    variants: list[Variant] = []
+    for i, item in enumerate(spec.get("variants") or []):
+        where = f"{path}: variants[{i}]"
+        if not isinstance(item, Mapping) or "name" not in item or "config" not in item:
+            raise ValueError(f"{where} must be a mapping with at least 'name' and 'config'")
+        name = str(item["name"])
+        if any(v.name == name for v in variants):
+            raise ValueError(f"{where}: variant name {name!r} is used twice")
+        own = _overrides(item.get("overrides"), where)
+        variants.append(
+            Variant(
+                name,
+                str(item["config"]),
+                (*shared, *own),
+                int(item.get("epochs", epochs)),
+                str(item.get("label", "")),
+            )
+        )
+    if not variants:
+        raise ValueError(f"{path}: 'variants' must list at least one variant")
+    return tuple(variants)
+
+
 def _missing(value: float | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -113,30 +195,43 @@ def mean_of(table: Table, variant: str, metric: str) -> float:
 class Claim:
     """A claim, the runs that test it and its verdict rule.
 
+    The runs are the variants of ``configs/experiments/<experiment>.yaml`` unless
+    ``fixed_variants`` names them (claim 1, a closed-form analysis, has no configs).
+
     Args:
         number: claim number (1...).
         slug: short name; the MLflow experiment is ``claim-<number>-<slug>``.
         title: one line.
         statement: the claim as the seed makes it, and its seed.
-        variants: the runs (each repeated over seeds).
         metrics: ``(MLflow metric key, column header)`` of the table.
         conditions: builds the verdict conditions from the table.
         rule: the verdict rule in words, printed in the report.
+        fixed_variants: the runs when they do not come from an experiment file.
     """
 
     number: int
     slug: str
     title: str
     statement: str
-    variants: tuple[Variant, ...] = ()
     metrics: tuple[tuple[str, str], ...] = ()
     conditions: Callable[[Table], list[Condition]] = field(default=lambda table: [])
     rule: str = ""
+    fixed_variants: tuple[Variant, ...] = ()
 
     @property
     def experiment(self) -> str:
         """MLflow experiment name, e.g. ``claim-3-gamma-ce``."""
         return f"claim-{self.number}-{self.slug}"
+
+    @property
+    def experiment_file(self) -> str:
+        """Path of the claim's experiment file (``configs/experiments/claim-3-gamma-ce.yaml``)."""
+        return config_path(f"{EXPERIMENTS}/{self.experiment}.yaml")
+
+    @cached_property
+    def variants(self) -> tuple[Variant, ...]:
+        """The runs, each repeated over seeds (read once from the experiment file)."""
+        return self.fixed_variants or load_variants(self.experiment_file)
 
     def variant(self, name: str) -> Variant:
         """The variant called ``name``."""
