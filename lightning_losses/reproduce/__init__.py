@@ -65,7 +65,7 @@ def run_claim(
     runs: dict[tuple[str, int], str] = {}
     reused_count = 0
     for variant in claim.variants:
-        for seed in range(seeds):
+        for seed in range(claim.seeds(seeds)):
             started = time.perf_counter()
             run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
             runs[(variant.name, seed)] = run_id
@@ -116,9 +116,14 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out) for n in claims]
+    more = [
+        f"claim {n}: {CLAIMS[n].seeds(seeds)}" for n in claims if CLAIMS[n].seeds(seeds) > seeds
+    ]
+    raised = f" ({', '.join(more)}, the minimum its experiment file asks for)" if more else ""
     header = [
-        f"Claims {', '.join(map(str, claims))}; {seeds} seed(s); epochs scale {scale:g}; "
-        f"tracking URI `{uri}`; this invocation took {time.perf_counter() - started:.0f} s."
+        f"Claims {', '.join(map(str, claims))}; {seeds} seed(s){raised}; epochs scale "
+        f"{scale:g}; tracking URI `{uri}`; this invocation took "
+        f"{time.perf_counter() - started:.0f} s."
     ]
     if seeds < 2:
         header.append(

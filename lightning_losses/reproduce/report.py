@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .runner import as_array, client_for, read_bins, read_metrics
-from .spec import Claim, Condition, Table, verdict
+from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, verdict
 
 #: Val metrics drawn as curves (MLflow history of the first seed).
 CURVES = ("val/acc", "val/ece")
@@ -45,25 +46,28 @@ class ClaimResult:
         return verdict(self.conditions)
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    """``(mean, sample std, n)``; std 0 for one value, NaNs when empty."""
+def mean_std(values: Sequence[float]) -> Stats:
+    """Mean, sample std and count of the finite values (std 0 for one value, NaNs when empty).
+
+    The values themselves are kept (in the order given) for paired comparisons.
+    """
     finite = [v for v in values if not math.isnan(v)]
     if not finite:
-        return math.nan, math.nan, 0
+        return Stats(math.nan, math.nan, 0, tuple(values))
     std = statistics.stdev(finite) if len(finite) > 1 else 0.0
-    return statistics.fmean(finite), std, len(finite)
+    return Stats(statistics.fmean(finite), std, len(finite), tuple(values))
 
 
 def aggregate(
     runs: Mapping[tuple[str, int], str],
     metrics: Mapping[str, Mapping[str, float]],
     keys: Sequence[str],
-) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """Mean ± std over seeds of each metric key, per variant."""
-    table: dict[str, dict[str, tuple[float, float, int]]] = {}
+) -> dict[str, dict[str, Stats]]:
+    """Mean ± std over seeds of each metric key, per variant (values in seed order)."""
+    table: dict[str, dict[str, Stats]] = {}
     variants = dict.fromkeys(v for v, _ in runs)
     for variant in variants:
-        ids = [run_id for (v, _), run_id in runs.items() if v == variant]
+        ids = [run_id for (v, _), run_id in sorted(runs.items()) if v == variant]
         table[variant] = {
             key: mean_std([metrics[r].get(key, math.nan) for r in ids]) for key in keys
         }
@@ -146,11 +150,12 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
 
 
 def _points(table: Table, prefix: str, invert: bool = False) -> list[tuple[float, str]]:
-    """``(x, variant)`` sorted by ``x``, for variants named ``<prefix><number>``."""
+    """``(x, variant)`` sorted by ``x``, for variants named ``<prefix><number>`` exactly."""
     points = []
     for name in table:
-        if name.startswith(prefix):
-            value = float(name[len(prefix) :])
+        suffix = name[len(prefix) :]
+        if name.startswith(prefix) and re.fullmatch(r"\d+(\.\d+)?", suffix):
+            value = float(suffix)
             points.append((1 / value if invert else value, name))
     return sorted(points)
 
@@ -189,12 +194,11 @@ def scale_figure(result: ClaimResult, path: Path) -> bool:
 # --- markdown ----------------------------------------------------------------------------------
 
 
-def cell(stats: tuple[float, float, int]) -> str:
+def cell(stats: Stats) -> str:
     """``mean ± std`` with four decimals (``n/a`` when missing)."""
-    mean, std, n = stats
-    if n == 0:
+    if stats.n == 0:
         return "n/a"
-    return f"{mean:.4f} ± {std:.4f}"
+    return f"{stats.mean:.4f} ± {stats.std:.4f}"
 
 
 def table_markdown(result: ClaimResult) -> list[str]:
@@ -207,7 +211,7 @@ def table_markdown(result: ClaimResult) -> list[str]:
         if row is None:
             continue
         seeds = sum(1 for v, _ in result.runs if v == variant.name)
-        cells = [cell(row.get(key, (math.nan, math.nan, 0))) for key, _ in claim.metrics]
+        cells = [cell(row.get(key, MISSING)) for key, _ in claim.metrics]
         epochs = str(result.epochs.get(variant.name, ""))
         lines.append(
             "| " + " | ".join([variant.name, variant.label, epochs, str(seeds), *cells]) + " |"
@@ -263,7 +267,14 @@ BUDGET = (
     "was tuned. Numbers are computed after fit on the test split from the fitted (last-epoch) "
     "model and logged into each run as `rep/*` metrics; every number in the tables is read "
     "back from MLflow. A verdict is `supported` only if every stated condition holds on the "
-    "numbers shown, `not supported` if none holds, `mixed` otherwise."
+    "numbers shown, `not supported` if none holds, `mixed` otherwise.\n\n"
+    f"Seed noise: variants share seeds (split and initial weights), so two variants are "
+    f"compared on their per-seed differences, and a difference counts only when its mean "
+    f"passes {NOISE_SE:g} standard errors of those differences (a number against a constant: "
+    f"{NOISE_SE:g} standard errors of its mean). A difference inside that band is `within "
+    f"noise`: it does not support a claim that one loss beats another, and it does support a "
+    f"claim that one is not better than, or about the same as, another. With 3 seeds this is "
+    f"a coarse screen, not a significance test."
 )
 
 

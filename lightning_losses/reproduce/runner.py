@@ -65,6 +65,22 @@ def find_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str
     return runs[0].info.run_id if runs else None
 
 
+def runs_folder(tracking_uri: str, out: Path) -> Path:
+    """Where the runs keep their files (checkpoints, artifacts such as the test bins).
+
+    Beside the database for a SQLite store (``sqlite:///runs/mlflow.db`` -> ``runs/mlflow_runs``),
+    so that the runs outlive the report folder; ``<out>/mlflow_runs`` for a server, which keeps
+    its own artifacts.
+
+    Example:
+        >>> runs_folder("sqlite:///runs/mlflow.db", Path("reports")).as_posix()
+        'runs/mlflow_runs'
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlflow_runs"
+    return out / "mlflow_runs"
+
+
 def fit_args(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> list[str]:
@@ -83,7 +99,7 @@ def fit_args(
         f"--trainer.logger.init_args.tracking_uri={tracking_uri}",
         f"--trainer.logger.init_args.experiment_name={claim.experiment}",
         f"--trainer.logger.init_args.run_name={variant.name}-s{seed}",
-        f"--trainer.logger.init_args.save_dir={out / 'mlflow_runs'}",
+        f"--trainer.logger.init_args.save_dir={runs_folder(tracking_uri, out)}",
         "--trainer.logger.init_args.log_model=false",
         f"--trainer.logger.init_args.tags={tags}",
     ]
@@ -149,7 +165,7 @@ def nm_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
 SPLIT_METRICS = {"multiclass": multiclass_metrics, "binary": binary_metrics, "nm": nm_metrics}
 
 
-def test_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
+def reliability_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
     """Equal-width reliability bins of the top label on the test split."""
     from ..calibration.functional import binned_statistics, confidence_and_correct
 
@@ -171,7 +187,7 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
         logits, target = predict_logits(model, datamodule, split)
         metrics.update({f"{split}_{k}": v for k, v in compute(logits, target).items()})
         if split == "test" and model.task == "multiclass":
-            bins = test_bins(logits, target)
+            bins = reliability_bins(logits, target)
     metrics["nll_gap"] = metrics["val_nll"] - metrics["train_nll"]
     scale = getattr(model.head, "scale", None)
     if scale is not None:

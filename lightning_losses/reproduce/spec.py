@@ -4,6 +4,13 @@ A :class:`Claim` is a statement of one seed, the :class:`Variant` runs that test
 plus CLI overrides) and the numeric :class:`Condition` s that decide its verdict. A verdict is
 ``supported`` only when every condition holds on the numbers shown, ``not supported`` when none
 holds, and ``mixed`` otherwise; a missing or NaN number never holds.
+
+Seed noise is part of every comparison. Variants share seeds (the same split and the same
+initial weights per seed), so two variants are compared on their per-seed differences: a
+difference counts only when its mean passes ``NOISE_SE`` standard errors of those paired
+differences (:func:`compare`); a number against a constant passes ``NOISE_SE`` standard errors
+of its mean (:func:`against`). A claim that something does *not* differ ("not better", "about
+the same") holds unless the data show the opposite beyond the noise.
 """
 
 from __future__ import annotations
@@ -11,11 +18,12 @@ from __future__ import annotations
 import json
 import math
 import operator
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Repository root: shipped configs are found relative to it from any working directory.
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -34,8 +42,30 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
 }
 
-#: ``table[variant][metric] = (mean, std, n)`` over seeds.
-Table = Mapping[str, Mapping[str, tuple[float, float, int]]]
+#: A difference counts when its mean passes this many standard errors of the seed noise.
+NOISE_SE = 2.0
+
+
+class Stats(NamedTuple):
+    """One metric of one variant over seeds.
+
+    Args:
+        mean: mean over the finite values.
+        std: sample standard deviation (0 for one value).
+        n: number of finite values.
+        values: the value of each seed, in seed order (NaN where missing).
+    """
+
+    mean: float
+    std: float
+    n: int
+    values: tuple[float, ...] = ()
+
+
+#: ``table[variant][metric]``: the metric's :class:`Stats` over seeds.
+Table = Mapping[str, Mapping[str, Stats]]
+
+MISSING = Stats(math.nan, math.nan, 0)
 
 
 @dataclass(frozen=True)
@@ -63,33 +93,130 @@ class Variant:
 
 @dataclass(frozen=True)
 class Condition:
-    """A numeric comparison ``left op right`` with the numbers it was decided on.
+    """A numeric comparison ``left op right``, the seed noise and the numbers it was decided on.
+
+    With ``noise = 0`` the comparison is decided on the numbers alone. With ``noise > 0`` the
+    difference in the claimed direction (``left - right`` for ``>``/``>=``, ``right - left``
+    for ``<``/``<=``) must exceed ``noise``; when it lies within ``+-noise`` the outcome is
+    ``within noise``, which holds only for claims of no difference (``noise_holds=True``).
 
     Args:
         text: what the comparison means, e.g. ``"ECE(gamma 0.5) < ECE(CE)"``.
         left: left-hand number.
         op: one of ``<``, ``<=``, ``>``, ``>=``.
         right: right-hand number.
+        noise: the margin the difference must pass (``NOISE_SE`` standard errors).
+        noise_holds: a difference within the noise supports the claim ("not better than",
+            "about the same as").
+
+    Example:
+        >>> Condition("ECE(a) < ECE(b)", 0.020, "<", 0.025, noise=0.008).outcome
+        'within noise'
     """
 
     text: str
     left: float
     op: str
     right: float
+    noise: float = 0.0
+    noise_holds: bool = False
+
+    def __post_init__(self) -> None:
+        if self.op not in OPERATORS:
+            raise ValueError(f"op must be one of {', '.join(OPERATORS)}; got {self.op!r}")
+
+    @property
+    def margin(self) -> float:
+        """The difference in the claimed direction (positive when the comparison is true)."""
+        if self.op in (">", ">="):
+            return self.left - self.right
+        return self.right - self.left
+
+    @property
+    def outcome(self) -> str:
+        """``holds``, ``fails``, ``within noise`` or ``missing``."""
+        if _missing(self.left) or _missing(self.right) or _missing(self.noise):
+            return "missing"
+        if self.noise <= 0:
+            return "holds" if OPERATORS[self.op](self.left, self.right) else "fails"
+        if self.margin > self.noise:
+            return "holds"
+        if self.margin < -self.noise:
+            return "fails"
+        return "within noise"
 
     @property
     def holds(self) -> bool:
-        """Whether the comparison is true; False for a missing (NaN) number."""
-        if self.op not in OPERATORS:
-            raise ValueError(f"op must be one of {', '.join(OPERATORS)}; got {self.op!r}")
-        if _missing(self.left) or _missing(self.right):
-            return False
-        return OPERATORS[self.op](self.left, self.right)
+        """Whether the comparison supports the claim; False for a missing (NaN) number."""
+        outcome = self.outcome
+        return outcome == "holds" or (outcome == "within noise" and self.noise_holds)
 
     def describe(self) -> str:
-        """One line: the rule, the numbers and whether it holds."""
-        mark = "holds" if self.holds else "fails"
-        return f"{self.text}: {self.left:.4f} {self.op} {self.right:.4f} -> {mark}"
+        """One line: the rule, the numbers, the noise and whether it holds."""
+        numbers = f"{self.text}: {self.left:.4f} {self.op} {self.right:.4f}"
+        if self.noise <= 0:
+            return f"{numbers} -> {self.outcome}"
+        noise = f"(difference {self.margin:+.4f}, noise {NOISE_SE:g} SE = {self.noise:.4f})"
+        outcome = self.outcome
+        if outcome == "within noise":
+            outcome += ": holds (no difference claimed)" if self.holds else ": does not hold"
+        return f"{numbers} {noise} -> {outcome}"
+
+
+def stats(table: Table, variant: str, metric: str) -> Stats:
+    """The :class:`Stats` of ``metric`` for ``variant``; all-NaN when absent."""
+    found = table.get(variant, {}).get(metric)
+    if found is None:
+        return MISSING
+    return found if isinstance(found, Stats) else Stats(*found)
+
+
+def paired_standard_error(a: Sequence[float], b: Sequence[float]) -> float:
+    """Standard error of the mean of the per-seed differences ``a - b`` (0 below two pairs).
+
+    Example:
+        >>> round(paired_standard_error([1.0, 2.0, 3.0], [0.0, 1.0, 1.0]), 4)
+        0.3333
+    """
+    pairs = [x - y for x, y in zip(a, b, strict=False) if not (_missing(x) or _missing(y))]
+    if len(pairs) < 2:
+        return 0.0
+    return statistics.stdev(pairs) / math.sqrt(len(pairs))
+
+
+def compare(
+    table: Table,
+    text: str,
+    left: str,
+    op: str,
+    right: str,
+    metric: str,
+    *,
+    offset: float = 0.0,
+    noise_holds: bool = False,
+) -> Condition:
+    """``mean(left) op mean(right) + offset`` on ``metric``, with the paired seed noise.
+
+    Args:
+        table: the claim's table.
+        text: what the comparison means.
+        left: left-hand variant.
+        op: one of ``<``, ``<=``, ``>``, ``>=``.
+        right: right-hand variant.
+        metric: MLflow metric key.
+        offset: added to the right-hand mean (a tolerance, e.g. ``-0.01``).
+        noise_holds: a difference within the noise supports the claim.
+    """
+    a, b = stats(table, left, metric), stats(table, right, metric)
+    noise = NOISE_SE * paired_standard_error(a.values, b.values)
+    return Condition(text, a.mean, op, b.mean + offset, noise, noise_holds)
+
+
+def against(table: Table, text: str, variant: str, metric: str, op: str, value: float) -> Condition:
+    """``mean(variant) op value`` on ``metric``, with the standard error of the mean as noise."""
+    a = stats(table, variant, metric)
+    noise = NOISE_SE * a.std / math.sqrt(a.n) if a.n > 1 else 0.0
+    return Condition(text, a.mean, op, value, noise)
 
 
 def config_path(config: str) -> str:
@@ -118,18 +245,34 @@ def _overrides(mapping: Any, where: str) -> tuple[str, ...]:
     return tuple(override_argument(str(k), v) for k, v in mapping.items())
 
 
-def load_variants(path: str | Path) -> tuple[Variant, ...]:
-    """The variants of an experiment file (``configs/experiments/claim-<n>-<slug>.yaml``).
+@dataclass(frozen=True)
+class Experiment:
+    """The contents of an experiment file.
 
-    The file holds ``epochs`` (the default budget), optional ``overrides`` applied to every
-    variant, and ``variants``: a list of ``{name, config, label, overrides, epochs}`` where
-    ``overrides`` maps dotted CLI keys (``model.criterion.init_args.k``) to values.
+    Args:
+        variants: the runs, each repeated over seeds.
+        min_seeds: the fewest seeds the claim runs whatever ``--seeds`` says (a noisy
+            metric, such as claim 4's rare-class scores on a test split with about 17
+            positives, needs more).
+    """
+
+    variants: tuple[Variant, ...]
+    min_seeds: int = 1
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read an experiment file (``configs/experiments/claim-<n>-<slug>.yaml``).
+
+    The file holds ``epochs`` (the default budget), optional ``min_seeds``, optional
+    ``overrides`` applied to every variant, and ``variants``: a list of ``{name, config,
+    label, overrides, epochs}`` where ``overrides`` maps dotted CLI keys
+    (``model.criterion.init_args.k``) to values.
 
     Raises:
         FileNotFoundError: no such file (the experiments ship with the repository, not the
             wheel).
-        ValueError: a variant without ``name`` or ``config``, a repeated name, or
-            ``overrides`` that are not a mapping.
+        ValueError: a variant without ``name`` or ``config``, a repeated name,
+            ``overrides`` that are not a mapping, or ``min_seeds`` below 1.
     """
     import yaml
 
@@ -141,6 +284,9 @@ def load_variants(path: str | Path) -> tuple[Variant, ...]:
         )
     spec = yaml.safe_load(path.read_text()) or {}
     epochs = int(spec.get("epochs", 15))
+    min_seeds = spec.get("min_seeds", 1)
+    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 1:
+        raise ValueError(f"{path}: min_seeds must be an integer >= 1; got {min_seeds!r}")
     shared = _overrides(spec.get("overrides"), f"{path}")
     variants: list[Variant] = []
     for i, item in enumerate(spec.get("variants") or []):
@@ -162,7 +308,12 @@ def load_variants(path: str | Path) -> tuple[Variant, ...]:
         )
     if not variants:
         raise ValueError(f"{path}: 'variants' must list at least one variant")
-    return tuple(variants)
+    return Experiment(tuple(variants), min_seeds)
+
+
+def load_variants(path: str | Path) -> tuple[Variant, ...]:
+    """The variants of an experiment file (see :func:`load_experiment`)."""
+    return load_experiment(path).variants
 
 
 def _missing(value: float | None) -> bool:
@@ -188,7 +339,7 @@ def verdict(conditions: Sequence[Condition]) -> str:
 
 def mean_of(table: Table, variant: str, metric: str) -> float:
     """Mean of ``metric`` over seeds for ``variant``, NaN when absent."""
-    return table.get(variant, {}).get(metric, (math.nan, math.nan, 0))[0]
+    return stats(table, variant, metric).mean
 
 
 @dataclass(frozen=True)
@@ -229,9 +380,19 @@ class Claim:
         return config_path(f"{EXPERIMENTS}/{self.experiment}.yaml")
 
     @cached_property
+    def _experiment(self) -> Experiment:
+        if self.fixed_variants:
+            return Experiment(self.fixed_variants)
+        return load_experiment(self.experiment_file)
+
+    @property
     def variants(self) -> tuple[Variant, ...]:
         """The runs, each repeated over seeds (read once from the experiment file)."""
-        return self.fixed_variants or load_variants(self.experiment_file)
+        return self._experiment.variants
+
+    def seeds(self, requested: int) -> int:
+        """Seeds to run: ``requested``, or the experiment file's ``min_seeds`` if larger."""
+        return max(requested, self._experiment.min_seeds)
 
     def variant(self, name: str) -> Variant:
         """The variant called ``name``."""
