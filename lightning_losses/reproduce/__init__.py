@@ -122,8 +122,9 @@ def reproduce(
     raised = f" ({', '.join(more)}, the minimum its experiment file asks for)" if more else ""
     header = [
         f"Claims {', '.join(map(str, claims))}; {seeds} seed(s){raised}; epochs scale "
-        f"{scale:g}; tracking URI `{uri}`; this invocation took "
-        f"{time.perf_counter() - started:.0f} s."
+        f"{scale:g}; tracking URI `{uri}`; the runs took "
+        f"{sum(r.seconds for r in results):.0f} s in all (MLflow start to end times), and "
+        f"this invocation {time.perf_counter() - started:.0f} s."
     ]
     if seeds < 2:
         header.append(

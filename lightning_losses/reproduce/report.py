@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import as_array, client_for, read_bins, read_metrics
+from .runner import as_array, client_for, read_bins, read_metrics, run_seconds
 from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, verdict
 
 #: Val metrics drawn as curves (MLflow history of the first seed).
@@ -29,6 +30,7 @@ class ClaimResult:
         figures: paths of the figures, relative to the report.
         epochs: ``{variant: epochs}`` actually run.
         reused: how many runs already existed.
+        seconds: wall time of all its runs, from MLflow's start and end times.
     """
 
     claim: Claim
@@ -39,6 +41,7 @@ class ClaimResult:
     figures: list[str] = field(default_factory=list)
     epochs: dict[str, int] = field(default_factory=dict)
     reused: int = 0
+    seconds: float = 0.0
 
     @property
     def verdict(self) -> str:
@@ -84,7 +87,8 @@ def collect(claim: Claim, runs: dict[tuple[str, int], str], tracking_uri: str) -
     else:
         keys = sorted({k for m in metrics.values() for k in m})
     table = aggregate(runs, metrics, list(dict.fromkeys(keys)))
-    return ClaimResult(claim, runs, metrics, table, claim.conditions(table))
+    seconds = sum(run_seconds(client, run_id) for run_id in runs.values())
+    return ClaimResult(claim, runs, metrics, table, claim.conditions(table), seconds=seconds)
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -138,7 +142,8 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     plt = _pyplot()
     names = []
     for variant, run_id in first_seed_runs(result).items():
-        bins = read_bins(client, run_id, out / "artifacts" / run_id)
+        with tempfile.TemporaryDirectory() as scratch:
+            bins = read_bins(client, run_id, Path(scratch))
         if bins is None:
             continue
         name = f"claim{result.claim.number}_reliability_{variant}.png"
@@ -237,7 +242,7 @@ def claim_markdown(result: ClaimResult) -> list[str]:
         claim.statement,
         "",
         f"MLflow experiment `{claim.experiment}`; {len(result.runs)} runs "
-        f"({result.reused} reused from earlier invocations).",
+        f"({result.reused} reused from earlier invocations) that took {result.seconds:.0f} s.",
         "",
         *table_markdown(result),
         "",

@@ -242,6 +242,14 @@ def read_metrics(client: MlflowClient, run_id: str) -> dict[str, float]:
     return dict(client.get_run(run_id).data.metrics)
 
 
+def run_seconds(client: MlflowClient, run_id: str) -> float:
+    """Wall time of a run from its MLflow start and end times (0 while it has no end)."""
+    info = client.get_run(run_id).info
+    if not info.end_time or not info.start_time:
+        return 0.0
+    return (info.end_time - info.start_time) / 1000.0
+
+
 def read_bins(client: MlflowClient, run_id: str, folder: Path) -> dict | None:
     """The test reliability bins logged into a run, or None."""
     try:
