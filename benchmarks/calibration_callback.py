@@ -27,8 +27,13 @@ from lightning_losses.models import ClassifierModule
 
 VARIANTS = {
     "no callback": lambda: [],
-    "CalibrationMonitor (metrics only)": lambda: [CalibrationMonitor(diagram_every_n_epochs=0)],
-    "CalibrationMonitor (metrics, diagram every 5 epochs)": lambda: [CalibrationMonitor()],
+    "CalibrationMonitor (metrics only, final_diagram=False)": lambda: [
+        CalibrationMonitor(final_diagram=False)
+    ],
+    "CalibrationMonitor (default: metrics, final diagram)": lambda: [CalibrationMonitor()],
+    "CalibrationMonitor (diagram every 5 epochs)": lambda: [
+        CalibrationMonitor(diagram_every_n_epochs=5)
+    ],
     "CalibrationMonitor (diagram every epoch)": lambda: [
         CalibrationMonitor(diagram_every_n_epochs=1)
     ],
@@ -87,7 +92,7 @@ def main() -> None:
     else:
         print(title)
         for row in rows:
-            print(f"{row[0]:55s} {row[1]:>8s} ms  {row[2]:>7s}")
+            print(f"{row[0]:58s} {row[1]:>8s} ms  {row[2]:>7s}")
 
 
 if __name__ == "__main__":

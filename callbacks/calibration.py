@@ -60,30 +60,37 @@ class CalibrationMonitor(Callback):
     their per-bin sums across processes, so the logged values are those of the whole
     validation set.
 
-    Every ``diagram_every_n_epochs`` validation epochs (and after each test) the reliability
-    diagram, drawn from the ECE metric's own bins, is saved as
+    The reliability diagram, drawn from the metric's own bins, is saved as
     ``<log_dir>/calibration/<stage>_epoch=<E>.png`` and, when the logger is MLflow's, logged as
-    an artifact under ``calibration/``. Drawing happens in a background thread, so training
-    does not wait for matplotlib; the end of fit and of test waits for the pending diagrams.
+    an artifact under ``calibration/``: for the last validation epoch at the end of training
+    (``final_diagram``), after each test, and every ``diagram_every_n_epochs`` validation
+    epochs if asked. Drawing happens in a background thread; the end of training and of test
+    wait for the pending diagrams, so they are logged before the logger closes the run.
+
+    Every metric comes from one :class:`~lightning_losses.calibration.CalibrationSummary`, one
+    pass per validation batch.
 
     Args:
         n_bins: equal-width bins.
         input_format: what ``logits`` holds: ``"logits"`` or ``"probs"``.
-        diagram_every_n_epochs: save a diagram every so many validation epochs (0: never).
+        diagram_every_n_epochs: also save a diagram every so many validation epochs (0: only
+            the final one). A diagram costs about 90 ms of matplotlib.
+        final_diagram: save the diagram of the last validation epoch when training ends.
         adaptive: also log the adaptive (equal-mass) ECE (keeps the confidences: O(N)).
         classwise: also log the classwise ECE (its classes are read from the first batch).
 
     Example:
         >>> monitor = CalibrationMonitor(n_bins=10, diagram_every_n_epochs=5)
-        >>> monitor.n_bins, monitor.input_format
-        (10, 'logits')
+        >>> monitor.n_bins, monitor.input_format, monitor.final_diagram
+        (10, 'logits', True)
     """
 
     def __init__(
         self,
         n_bins: int = 15,
         input_format: str = "logits",
-        diagram_every_n_epochs: int = 5,
+        diagram_every_n_epochs: int = 0,
+        final_diagram: bool = True,
         adaptive: bool = False,
         classwise: bool = False,
     ) -> None:
@@ -96,25 +103,23 @@ class CalibrationMonitor(Callback):
         self.n_bins = n_bins
         self.input_format = input_format
         self.diagram_every_n_epochs = diagram_every_n_epochs
+        self.final_diagram = final_diagram
         self.adaptive = adaptive
         self.classwise = classwise
         self._metrics: dict[str, dict[str, Any]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self.last_diagram: Path | None = None
+        # (epoch, bins, drawn) of the last validation epoch, for the final diagram.
+        self._last_val: tuple[int, tuple[Tensor, ...], bool] | None = None
 
     def _build(self) -> dict[str, Any]:
         from lightning_losses.calibration import metrics as CM
 
         # The model's own outputs: no value checks on the hot path (shapes are still checked).
         options = {"input_format": self.input_format, "validate_args": False}
-        built: dict[str, Any] = {
-            "ece": CM.CalibrationError(n_bins=self.n_bins, **options),
-            "brier": CM.BrierScore(**options),
-            "nll": CM.NegativeLogLikelihood(**options),
-            "accuracy": CM.Accuracy(**options),
-            "confidence": CM.MeanConfidence(**options),
-        }
+        # One metric, one pass per batch, for the seven equal-width and proper-score numbers.
+        built: dict[str, Any] = {"summary": CM.CalibrationSummary(n_bins=self.n_bins, **options)}
         if self.adaptive:
             built["adaptive_ece"] = CM.AdaptiveCalibrationError(n_bins=self.n_bins, **options)
         return built
@@ -142,25 +147,22 @@ class CalibrationMonitor(Callback):
             metric.update(logits, target)
 
     def _finish(self, stage: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from lightning_losses.calibration import functional as CF
-
         metrics = self._metrics[stage]
-        if not int(metrics["ece"].count.sum()) and not trainer.world_size > 1:
+        summary = metrics["summary"]
+        if not int(summary.count.sum()) and not trainer.world_size > 1:
             return  # nothing was validated (e.g. limit_val_batches=0)
-        count, conf_sum, correct_sum = metrics["ece"].bins()
-        values = {
-            "ece": CF.calibration_error_from_bins(count, conf_sum, correct_sum, "l1"),
-            "mce": CF.calibration_error_from_bins(count, conf_sum, correct_sum, "max"),
-            "rmsce": CF.calibration_error_from_bins(count, conf_sum, correct_sum, "l2"),
-        }
-        values.update({name: m.compute() for name, m in metrics.items() if name != "ece"})
-        for name, value in values.items():
-            pl_module.log(f"{stage}/{name}", value.float(), sync_dist=False)
+        values, bins = summary.compute_with_bins()  # one sync under DDP
+        values.update({name: m.compute() for name, m in metrics.items() if name != "summary"})
+        pl_module.log_dict(
+            {f"{stage}/{name}": value.float() for name, value in values.items()}, sync_dist=False
+        )
         epoch = trainer.current_epoch
         every = self.diagram_every_n_epochs
         due = stage == "test" or (every > 0 and (epoch + 1) % every == 0)
         if due and trainer.is_global_zero:
-            self._save_diagram(trainer, stage, epoch, (count, conf_sum, correct_sum))
+            self._save_diagram(trainer, stage, epoch, bins)
+        if stage == "val":
+            self._last_val = (epoch, bins, due)
         for metric in metrics.values():
             metric.reset()
 
@@ -194,6 +196,13 @@ class CalibrationMonitor(Callback):
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        last, self._last_val = self._last_val, None
+        if self.final_diagram and last is not None and not last[2] and trainer.is_global_zero:
+            self._save_diagram(trainer, "val", last[0], last[1])
+        self.wait()  # before the logger closes the run
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

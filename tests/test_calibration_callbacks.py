@@ -86,13 +86,29 @@ def test_monitor_logs_the_metrics_of_the_validation_set(tmp_path):
     assert diagrams[-1].stat().st_size > 5_000
 
 
+@pytest.mark.parametrize("final", [True, False])
+def test_monitor_by_default_draws_only_the_last_validation_epoch(tmp_path, final):
+    dm = DigitsDataModule(batch_size=200)
+    model = ClassifierModule("ce", hidden=[16])
+    monitor = CalibrationMonitor(final_diagram=final)
+    assert monitor.diagram_every_n_epochs == 0
+    fit(tmp_path, model, dm, [monitor], epochs=3)
+    folder = tmp_path / "run" / "version_0" / "calibration"
+    expected = ["val_epoch=002.png"] if final else []
+    assert sorted(p.name for p in folder.glob("*.png")) == expected
+
+
 def test_monitor_diagram_every_n_epochs_and_test_stage(tmp_path):
     dm = DigitsDataModule(batch_size=200)
     model = ClassifierModule("ce", hidden=[16])
     monitor = CalibrationMonitor(diagram_every_n_epochs=2, adaptive=True, classwise=True)
     trainer = fit(tmp_path, model, dm, [monitor], epochs=3)
     folder = tmp_path / "run" / "version_0" / "calibration"
-    assert sorted(p.name for p in folder.glob("*.png")) == ["val_epoch=001.png"]
+    # epoch 1 (every 2nd), and epoch 2 as the final diagram of training
+    assert sorted(p.name for p in folder.glob("*.png")) == [
+        "val_epoch=001.png",
+        "val_epoch=002.png",
+    ]
     assert "val/adaptive_ece" in trainer.callback_metrics
     assert "val/classwise_ece" in trainer.callback_metrics
     trainer.test(model, dm)

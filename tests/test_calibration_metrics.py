@@ -460,6 +460,43 @@ def test_batches_of_any_size_give_the_one_call_value(task, input_format):
             assert metric.compute().item() == pytest.approx(expected[name], abs=1e-12), name
 
 
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("input_format", ["probs", "logits"])
+def test_summary_gives_every_number_of_the_references_in_one_metric(task, input_format):
+    probs, logits, target = make_data(task, n=700, seed=11)
+    if input_format == "probs":
+        probs, target = with_saturated(probs, target, task)
+    preds = probs if input_format == "probs" else logits
+    p, y = probs.numpy(), target.numpy()
+    bins = ref_bins(*ref_top_label(p, y, task), B)
+    acc, conf = ref_accuracy_confidence(p, y, task)
+    expected = {
+        "ece": ref_error(*bins, "l1"),
+        "mce": ref_error(*bins, "max"),
+        "rmsce": ref_error(*bins, "l2"),
+        "brier": ref_brier(p, y, task),
+        "accuracy": acc,
+        "confidence": conf,
+    }
+    with np.errstate(divide="ignore"):  # saturated probabilities: an infinite NLL, both sides
+        expected["nll"] = ref_nll(p, y, task)
+    summary = cal.CalibrationSummary(n_bins=B, input_format=input_format)
+    start = 0
+    for size in (1, 0, 17, 300, 2, 380):  # batches of any size
+        summary.update(preds[start : start + size], target[start : start + size])
+        start += size
+    values = summary.compute()
+    assert sorted(values) == sorted(expected)
+    for name, value in expected.items():
+        assert values[name].item() == pytest.approx(value, abs=1e-9), name
+    for got, want in zip(summary.bins(), bins, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-9)
+    # the same numbers as the single-purpose metrics on the same stream
+    ece = cal.CalibrationError(n_bins=B, input_format=input_format)
+    ece.update(preds, target)
+    assert values["ece"].item() == pytest.approx(ece.compute().item(), abs=1e-12)
+
+
 def test_states_are_float64_sums_of_fixed_size():
     metric = cal.CalibrationError(n_bins=7)
     metric.update(torch.rand(50, 3), torch.randint(0, 3, (50,)))
@@ -504,12 +541,17 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             metric.update(preds[:half], labels[:half])
             metric.update(preds[half:], labels[half:])
         values = {name: metric.compute().item() for name, metric in metrics.items()}
+        summary = cal.CalibrationSummary(num_classes=5, n_bins=B)
+        summary.update(probs[part][:7], target[part][:7])
+        summary.update(probs[part][7:], target[part][7:])
+        summary_values = {name: value.item() for name, value in summary.compute().items()}
         bins = [b.tolist() for b in metrics["ce_l1"].bins()]
         local = metrics["ce_l1"].count.sum().item()  # state restored after the sync
         result = {
             "rank": dist.get_rank(),
             "world_size": dist.get_world_size(),
             "values": values,
+            "summary": summary_values,
             "bins": bins,
             "local_count": local,
         }
@@ -535,9 +577,21 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world_size"] == 2 for r in results)
     assert [r["local_count"] for r in results] == [DDP_SPLIT, DDP_ROWS - DDP_SPLIT]
+    p, y = probs.numpy(), target.numpy()
+    acc, conf = ref_accuracy_confidence(p, y, "multiclass")
+    summary_expected = {
+        "ece": expected["ce_l1"],
+        "mce": expected["ce_max"],
+        "brier": ref_brier(p, y, "multiclass"),
+        "nll": ref_nll(p, y, "multiclass"),
+        "accuracy": acc,
+        "confidence": conf,
+    }
     for result in results:
         for name, value in expected.items():
             assert result["values"][name] == pytest.approx(value, abs=1e-6), name
+        for name, value in summary_expected.items():
+            assert result["summary"][name] == pytest.approx(value, abs=1e-6), name
         np.testing.assert_allclose(result["bins"][0], count.numpy())
         np.testing.assert_allclose(result["bins"][1], conf_sum.numpy(), atol=1e-9)
         np.testing.assert_allclose(result["bins"][2], correct_sum.numpy())

@@ -617,6 +617,21 @@ def _nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> T
     return -(torch.xlogy(labels, p) + torch.xlogy(1 - labels, 1 - p))
 
 
+def _proper_terms(
+    preds: Tensor, target: Tensor, task: str, input_format: str
+) -> tuple[Tensor, Tensor]:
+    """Brier and NLL terms from one float64 (log-)softmax pass (see the two functions above)."""
+    if task == "multiclass" and input_format == "logits":
+        log_probs = torch.log_softmax(preds.to(torch.float64), dim=1)
+        index = target.long()[:, None]
+        log_p_t = log_probs.gather(1, index)[:, 0]
+        probs = log_probs.exp()
+        return (probs * probs).sum(dim=1) - 2 * log_p_t.exp() + 1, -log_p_t
+    return _brier_terms(preds, target, task, input_format), _nll_terms(
+        preds, target, task, input_format
+    )
+
+
 def _top_label_terms(
     preds: Tensor, target: Tensor, task: str, input_format: str
 ) -> tuple[Tensor, Tensor]:

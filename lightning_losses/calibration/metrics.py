@@ -27,6 +27,7 @@ __all__ = [
     "AdaptiveCalibrationError",
     "BrierScore",
     "CalibrationError",
+    "CalibrationSummary",
     "ClasswiseCalibrationError",
     "MeanConfidence",
     "NegativeLogLikelihood",
@@ -91,7 +92,52 @@ class _CalibrationMetric(Metric):
             return read()
 
 
-class CalibrationError(_CalibrationMetric):
+class _EqualWidthMetric(_CalibrationMetric):
+    """States ``count``, ``conf_sum``, ``correct_sum``: float64 ``[n_bins]`` sums, DDP-summed."""
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            **kwargs,
+        )
+        CF.check_n_bins(n_bins)
+        self.n_bins = n_bins
+        for name in ("count", "conf_sum", "correct_sum"):
+            zeros = torch.zeros(n_bins, dtype=torch.float64)
+            self.add_state(name, default=zeros, dist_reduce_fx="sum")
+
+    def _add_bins(self, confidence: Tensor, correct: Tensor) -> None:
+        count, conf_sum, correct_sum = CF.binned_statistics(confidence, correct, self.n_bins)
+        # In place: a state assignment goes through two __setattr__ layers (nn.Module's and
+        # torchmetrics'), a large part of an update's time on a small batch.
+        self.count.add_(count)
+        self.conf_sum.add_(conf_sum)
+        self.correct_sum.add_(correct_sum)
+
+    def _bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.count.clone(), self.conf_sum.clone(), self.correct_sum.clone()
+
+    def bins(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(count, conf_sum, correct_sum)``: float64 ``[n_bins]`` copies, synced under DDP.
+
+        Per bin ``b`` (``(b/B, (b+1)/B]``): mean confidence ``conf_sum / count``, accuracy
+        ``correct_sum / count``; what a reliability diagram draws.
+        """
+        return self._synced(self._bins)
+
+
+class CalibrationError(_EqualWidthMetric):
     """Top-label calibration error with equal-width bins: ECE (``"l1"``), MCE, RMSCE.
 
     ``ECE = sum_b (n_b / N) |acc_b - conf_b|``, ``MCE = max_b |acc_b - conf_b|``, ``RMSCE =
@@ -135,44 +181,20 @@ class CalibrationError(_CalibrationMetric):
         validate_args: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            num_classes=num_classes,
-            input_format=input_format,
-            task=task,
-            validate_args=validate_args,
-            **kwargs,
-        )
-        CF.check_n_bins(n_bins)
+        super().__init__(num_classes, n_bins, input_format, task, validate_args, **kwargs)
         CF.check_choice("norm", norm, CF.NORMS)
-        self.n_bins = n_bins
         self.norm = norm
-        for name in ("count", "conf_sum", "correct_sum"):
-            zeros = torch.zeros(n_bins, dtype=torch.float64)
-            self.add_state(name, default=zeros, dist_reduce_fx="sum")
 
     def update(self, preds: Tensor, target: Tensor) -> None:
         """Add a batch to the bin sums."""
         task = self._resolve(preds, target)
         confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
-        count, conf_sum, correct_sum = CF.binned_statistics(confidence, correct, self.n_bins)
-        self.count += count
-        self.conf_sum += conf_sum
-        self.correct_sum += correct_sum
+        self._add_bins(confidence, correct)
 
     def compute(self) -> Tensor:
         """The calibration error of everything seen (synced across processes)."""
         return CF.calibration_error_from_bins(
             self.count, self.conf_sum, self.correct_sum, self.norm
-        )
-
-    def bins(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(count, conf_sum, correct_sum)``: float64 ``[n_bins]`` copies, synced under DDP.
-
-        Per bin ``b`` (``(b/B, (b+1)/B]``): mean confidence ``conf_sum / count``, accuracy
-        ``correct_sum / count``; what a reliability diagram draws.
-        """
-        return self._synced(
-            lambda: (self.count.clone(), self.conf_sum.clone(), self.correct_sum.clone())
         )
 
 
@@ -442,3 +464,97 @@ class MeanConfidence(_MeanMetric):
 
     def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
         return CF._top_label_terms(preds, target, task, self.input_format)[0]
+
+
+class CalibrationSummary(_EqualWidthMetric):
+    """Every equal-width calibration number of a stream in one metric, one pass per batch.
+
+    :meth:`compute` returns a dict: ``ece``, ``mce``, ``rmsce`` (as :class:`CalibrationError`
+    with ``norm`` ``"l1"``, ``"max"``, ``"l2"``), ``brier`` (:class:`BrierScore`), ``nll``
+    (:class:`NegativeLogLikelihood`), ``accuracy`` (:class:`Accuracy`) and ``confidence``
+    (:class:`MeanConfidence`), each equal to what that metric gives on the same data. One
+    ``update`` resolves and checks the batch once, bins its top-label confidences, and takes
+    the Brier and NLL terms from a single float64 log-softmax (for logits): this is what
+    :class:`~lightning_losses.callbacks.CalibrationMonitor` runs on every validation batch.
+
+    States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``
+    (``[n_bins]``, also :meth:`bins`), and the scalars ``brier_sum``, ``nll_sum``,
+    ``top_correct``, ``top_confidence``, ``terms`` (per-sample, or per-label for binary and
+    multi-label inputs). A DDP sync moves ``3 n_bins + 5`` numbers.
+
+    Args:
+        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
+        n_bins: number of equal-width bins.
+        input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
+
+    Example:
+        >>> metric = CalibrationSummary(n_bins=3)
+        >>> metric.update(torch.tensor([[0.25, 0.20, 0.55], [0.55, 0.05, 0.40]]),
+        ...               torch.tensor([0, 1]))
+        >>> metric.update(torch.tensor([[0.10, 0.30, 0.60], [0.90, 0.05, 0.05]]),
+        ...               torch.tensor([2, 0]))
+        >>> values = metric.compute()
+        >>> sorted(values)
+        ['accuracy', 'brier', 'confidence', 'ece', 'mce', 'nll', 'rmsce']
+        >>> [round(float(values[name]), 4) for name in ("ece", "accuracy", "confidence")]
+        [0.2, 0.5, 0.65]
+    """
+
+    higher_is_better = None
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_classes, n_bins, input_format, task, validate_args, **kwargs)
+        zero = torch.zeros((), dtype=torch.float64)
+        for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence", "terms"):
+            self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch: its bin sums, Brier and NLL terms, top-label hits and confidences."""
+        task = self._resolve(preds, target)
+        preds, target, task = CF._prepare(
+            preds, target, task, self.input_format, self.validate_args
+        )
+        confidence, correct = CF.confidence_and_correct(
+            preds, target, input_format=self.input_format, task=task, validate_args=False
+        )
+        self._add_bins(confidence, correct)
+        brier, nll = CF._proper_terms(preds, target, task, self.input_format)
+        self.brier_sum.add_(brier.sum())
+        self.nll_sum.add_(nll.sum())
+        self.terms.add_(brier.numel())
+        if task == "multiclass":  # the binned pairs are the top-label ones
+            top_confidence, top_correct = confidence, correct
+        else:  # bins hold the positive class; accuracy and confidence use the decision
+            top_confidence, top_correct = CF._top_label_terms(
+                preds, target, task, self.input_format
+            )
+        self.top_correct.add_(top_correct.sum())
+        self.top_confidence.add_(top_confidence.sum(dtype=torch.float64))
+
+    def compute(self) -> dict[str, Tensor]:
+        """``{ece, mce, rmsce, brier, nll, accuracy, confidence}`` (synced across processes)."""
+        return self._values()
+
+    def compute_with_bins(self) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor, Tensor]]:
+        """:meth:`compute` and :meth:`bins` from one sync across processes."""
+        return self._synced(lambda: (self._values(), self._bins()))
+
+    def _values(self) -> dict[str, Tensor]:
+        bins = (self.count, self.conf_sum, self.correct_sum)
+        return {
+            "ece": CF.calibration_error_from_bins(*bins, "l1"),
+            "mce": CF.calibration_error_from_bins(*bins, "max"),
+            "rmsce": CF.calibration_error_from_bins(*bins, "l2"),
+            "brier": self.brier_sum / self.terms,
+            "nll": self.nll_sum / self.terms,
+            "accuracy": self.top_correct / self.terms,
+            "confidence": self.top_confidence / self.terms,
+        }
