@@ -27,8 +27,8 @@ def default_config_path() -> str:
     return str(resources.files("lightning_losses") / "default_config.yaml")
 
 
-class LossesCLI(LightningCLI):
-    """LightningCLI that links the DataModule's shape of the task into the model."""
+class TrackingCLI(LightningCLI):
+    """LightningCLI whose ``fit --ckpt_path`` continues the MLflow run of the checkpoint."""
 
     def before_instantiate_classes(self) -> None:
         """On ``fit --ckpt_path``, continue the MLflow run the checkpoint was saved under."""
@@ -44,6 +44,10 @@ class LossesCLI(LightningCLI):
             return
         if init_args.get("run_id") is None and Path(config["ckpt_path"]).is_file():
             init_args["run_id"] = run_id_from_checkpoint(config["ckpt_path"])
+
+
+class LossesCLI(TrackingCLI):
+    """The ``lightning-losses`` CLI: links the DataModule's shape of the task into the model."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in (

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics import Metric
 
+from .cli import TrackingCLI
 from .data import ResumableDataLoader
 from .functional.linear import linear_prediction_statistics
 from .losses import LinearTargetLoss
@@ -476,8 +477,12 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
 # ----------------------------------------------------------------------------------------------
 
 
-class LanguageModelCLI(LightningCLI):
-    """LightningCLI that links the DataModule's vocabulary and context length into the model."""
+class LanguageModelCLI(TrackingCLI):
+    """LightningCLI that links the DataModule's vocabulary and context length into the model.
+
+    Like ``lightning-losses fit``, it records the config in MLflow (``TrackingConfigCallback``)
+    and continues a checkpoint's MLflow run on ``fit --ckpt_path``.
+    """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in ("vocab_size", "context_length"):
@@ -490,11 +495,14 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
     A LightningCLI with ``subclass_mode_model=True`` and ``subclass_mode_data=True`` over
     :class:`TinyLanguageModel` and :class:`PydocTopicsDataModule` (or subclasses); returns it.
     """
+    from .tracking import TrackingConfigCallback
+
     kwargs: dict[str, Any] = {
         "subclass_mode_model": True,
         "subclass_mode_data": True,
         "seed_everything_default": 0,
         "save_config_kwargs": {"overwrite": True},
+        "save_config_callback": TrackingConfigCallback,
         "auto_configure_optimizers": False,
     }
     kwargs.update(cli_kwargs)

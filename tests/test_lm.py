@@ -194,10 +194,41 @@ def test_tiny_fit_with_gamma_annealing_logs_perplexity_and_ece(datamodule, tmp_p
 
 
 @pytest.mark.parametrize("name", ["lm_ce", "lm_gamma_ce_annealed"])
-def test_configs_parse(name):
+def test_configs_parse(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     cli = main(["--config", str(CONFIGS / f"{name}.yaml")], run=False)
     assert isinstance(cli.model, TinyLanguageModel)
     assert isinstance(cli.model.criterion, LinearTargetLoss)
     assert cli.model.token_embedding.num_embeddings == cli.datamodule.vocab_size
     if "gamma" in name:
         assert any(isinstance(c, GammaAnnealing) for c in cli.trainer.callbacks)
+
+
+def test_config_fit_is_tracked_in_mlflow(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "lm_gamma_ce_annealed.yaml"),
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=3",
+            "--trainer.limit_val_batches=2",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.max_vocab_size=500",
+        ]
+    )
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(cli.trainer.logger.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["config"] == "lm_gamma_ce_annealed"
+    assert run.data.params["model.init_args.criterion.init_args.loss"] == "gamma_ce"
+    ppl = run.data.metrics["val/ppl"]
+    assert ppl == pytest.approx(float(cli.trainer.callback_metrics["val/ppl"]), rel=1e-6)
+    assert "criterion/gamma" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts
