@@ -404,6 +404,9 @@ class LinearTargetLoss(nn.Module):
         thresholds: ``adaptive_focal`` (default ``(0.2,)``).
         gammas: ``adaptive_focal`` (default ``(5, 3)``).
         margin: ``hard_truncated`` (default 0.5).
+        class_weight: optional ``[V]`` weight per class (a buffer, saved in the state dict);
+            ``"mean"`` divides by the sum of the weights of the counted rows, as
+            :func:`torch.nn.functional.cross_entropy` does.
         chunk_size: rows per chunk; ``None`` chooses one from the shapes.
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
@@ -433,6 +436,7 @@ class LinearTargetLoss(nn.Module):
         thresholds: Sequence[float] | None = None,
         gammas: Sequence[float] | None = None,
         margin: float | None = None,
+        class_weight: Sequence[float] | Tensor | None = None,
         chunk_size: int | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
@@ -452,6 +456,10 @@ class LinearTargetLoss(nn.Module):
         self.loss = loss
         for name, value in resolved.items():
             setattr(self, name, value)
+        weights = (
+            None if class_weight is None else torch.as_tensor(class_weight, dtype=torch.float32)
+        )
+        self.register_buffer("class_weight", weights)
         self.chunk_size = chunk_size
         self.ignore_index = ignore_index
         self.reduction = reduction
@@ -471,6 +479,7 @@ class LinearTargetLoss(nn.Module):
             target,
             loss=self.loss,
             bias=bias,
+            class_weight=self.class_weight,
             chunk_size=self.chunk_size,
             ignore_index=self.ignore_index,
             reduction=self.reduction,

@@ -7,6 +7,8 @@ Every reference builds ``logits = hidden @ weight.T + bias`` and calls the famil
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,7 +61,22 @@ def run(function, tensors, target, reduction, seed=1):
     return out.detach(), grads
 
 
-def both(name, hyper, reference, tensors, target, reduction, chunk_size, ignore_index=-100):
+def _class_weight_keyword(reference) -> str:
+    """The plain-logits loss's name for a per-class weight: focal's ``alpha``, else ``weight``."""
+    return "alpha" if "alpha" in inspect.signature(reference).parameters else "weight"
+
+
+def both(
+    name,
+    hyper,
+    reference,
+    tensors,
+    target,
+    reduction,
+    chunk_size,
+    ignore_index=-100,
+    class_weight=None,
+):
     def ours(hidden, weight, bias=None):
         return linear_target_loss(
             hidden,
@@ -67,11 +84,14 @@ def both(name, hyper, reference, tensors, target, reduction, chunk_size, ignore_
             target,
             loss=name,
             bias=bias,
+            class_weight=class_weight,
             chunk_size=chunk_size,
             ignore_index=ignore_index,
             reduction=reduction,
             **hyper,
         )
+
+    weighted = {} if class_weight is None else {_class_weight_keyword(reference): class_weight}
 
     def plain(hidden, weight, bias=None):
         logits = hidden @ weight.T
@@ -79,9 +99,25 @@ def both(name, hyper, reference, tensors, target, reduction, chunk_size, ignore_
             logits = logits + bias
         shape = logits.shape
         logits = logits.reshape(-1, shape[-1])
+        flat_target = target.reshape(-1)
+        if class_weight is not None:
+            # per row w[t] * phi (alpha and weight agree there); "mean" divides by the sum of
+            # the weights of the counted rows, as F.cross_entropy(weight=...) does
+            rows = reference(
+                logits,
+                flat_target,
+                ignore_index=ignore_index,
+                reduction="none",
+                **weighted,
+                **hyper,
+            )
+            counted = flat_target[flat_target != ignore_index]
+            total = {"none": rows, "sum": rows.sum(), "mean": rows.sum()}[reduction]
+            value = total / class_weight[counted].sum() if reduction == "mean" else total
+            return value.reshape(target.shape) if reduction == "none" else value
         value = reference(
             logits,
-            target.reshape(-1),
+            flat_target,
             ignore_index=ignore_index,
             reduction=reduction,
             **hyper,
@@ -120,6 +156,42 @@ def test_matches_plain_logits_float64(case, reduction):
     tensors, target = make_inputs(dtype=torch.float64, ignore_every=4)
     ours, plain = both(name, hyper, reference, tensors, target, reduction, 6)
     assert_all_close(ours, plain, 1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_class_weight_matches_the_weighted_plain_logits_loss(case, reduction, chunk_size):
+    _, name, hyper, reference = case
+    tensors, target = make_inputs(dtype=torch.float64, ignore_every=4)
+    class_weight = torch.rand(V, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    class_weight[target[1]] = 0.0  # a class that counts for nothing
+    ours, plain = both(
+        name, hyper, reference, tensors, target, reduction, chunk_size, class_weight=class_weight
+    )
+    assert_all_close(ours, plain, 1e-12)
+
+
+def test_class_weight_of_cross_entropy_matches_pytorch():
+    (hidden, weight, bias), target = make_inputs(dtype=torch.float64, ignore_every=3)
+    class_weight = torch.linspace(0.1, 2.0, V, dtype=torch.float64)
+    ours = linear_target_loss(
+        hidden, weight, target, loss="ce", bias=bias, class_weight=class_weight.tolist()
+    )
+    logits = hidden @ weight.T + bias
+    expected = F.cross_entropy(logits, target, weight=class_weight, ignore_index=-100)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(ours, (hidden, weight, bias))
+    expected_grads = torch.autograd.grad(expected, (hidden, weight, bias))
+    for grad, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_class_weight_errors_name_the_argument():
+    (hidden, weight, _), target = make_inputs()
+    for bad in (torch.ones(V - 1), torch.ones(V, 2), torch.ones(V, dtype=torch.long)):
+        with pytest.raises(ValueError, match=rf"class_weight must be .* \[{V}\]"):
+            linear_target_loss(hidden, weight, target, loss="ce", class_weight=bad)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -407,3 +479,20 @@ def test_module_arguments():
         LinearTargetLoss("nope")
     with pytest.raises(ValueError, match="reduction"):
         LinearTargetLoss("ce", reduction="avg")
+
+
+def test_module_class_weight_is_a_buffer_and_reaches_the_function():
+    from lightning_losses.mixins import describe_criterion
+
+    (hidden, weight, bias), target = make_inputs(ignore_every=6)
+    class_weight = torch.linspace(0.5, 1.5, V)
+    criterion = LinearTargetLoss("focal", gamma=1.0, class_weight=class_weight)
+    assert "class_weight" in criterion.state_dict()
+    expected = linear_target_loss(
+        hidden, weight, target, loss="focal", gamma=1.0, bias=bias, class_weight=class_weight
+    )
+    torch.testing.assert_close(criterion(hidden, weight, target, bias), expected)
+    assert criterion.double().class_weight.dtype == torch.float64  # follows the module
+    described = describe_criterion(criterion)["init_args"]["class_weight"]
+    torch.testing.assert_close(torch.tensor(described, dtype=torch.float64), class_weight.double())
+    assert LinearTargetLoss("ce").class_weight is None

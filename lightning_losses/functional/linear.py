@@ -27,7 +27,7 @@ precomputed in forward); the family and its ``phi`` are those of DESIGN.md, seed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +142,22 @@ def default_chunk_size(
 # --- inputs -----------------------------------------------------------------------------------
 
 
+def _check_class_weight(class_weight: Any, weight: Tensor) -> Tensor | None:
+    """``class_weight`` as a ``[V]`` tensor on the weight's device, or ``None``."""
+    if class_weight is None:
+        return None
+    vocab = weight.shape[0]
+    # A Python sequence keeps its float64 precision until the compute dtype is known.
+    dtype = None if isinstance(class_weight, Tensor) else torch.float64
+    vector = torch.as_tensor(class_weight, dtype=dtype, device=weight.device)
+    if vector.dim() != 1 or vector.shape[0] != vocab or not vector.is_floating_point():
+        raise ValueError(
+            f"class_weight must be a float vector of one weight per class (shape [{vocab}]); "
+            f"got {vector.dtype} of shape {list(vector.shape)}"
+        )
+    return vector
+
+
 def _check_inputs(
     hidden: Tensor,
     weight: Tensor,
@@ -213,6 +229,8 @@ class _Head:
     matmul_dtype: torch.dtype
     chunk_size: int
     half_buffer: Tensor | None = None
+    row_weight: Tensor | None = None  # [count] class weight of each counted row
+    total_weight: float = 0.0  # what "mean" divides by: the count, or the sum of row_weight
 
     @classmethod
     def build(
@@ -224,6 +242,7 @@ class _Head:
         ignore_index: int,
         chunk_size: int | None,
         half_matmul: bool = False,
+        class_weight: Tensor | None = None,
     ) -> _Head:
         input_dtype = torch.promote_types(hidden.dtype, weight.dtype)
         dtype = compute_dtype(input_dtype)
@@ -248,6 +267,11 @@ class _Head:
         )
         if matmul_dtype != dtype and count > 0:
             head.half_buffer = head.logits_buffer(matmul_dtype)
+        head.total_weight = float(count)
+        if class_weight is not None:
+            counted = target if rows is None else target.index_select(0, rows)
+            head.row_weight = class_weight.to(dtype).index_select(0, counted)
+            head.total_weight = float(head.row_weight.sum()) if count > 0 else 0.0
         return head
 
     def chunks(self) -> Iterator[tuple[int, int, Tensor | None, Tensor, Tensor]]:
@@ -383,6 +407,9 @@ def _forward_chunks(
         denominator = logits.clamp_(min=floor).exp_().sum(1)
         log_denominator = denominator.log()
         value, derivative = phi(target_logit - log_denominator, **hyperparameters)
+        if head.row_weight is not None:
+            row_weight = head.row_weight.narrow(0, start, size)
+            value, derivative = value * row_weight, derivative * row_weight
         values.narrow(0, start, size).copy_(value)
         if keep_for_backward:
             lse.narrow(0, start, size).copy_(shift.squeeze(1) + log_denominator)
@@ -425,7 +452,9 @@ def _reduce(head: _Head, values: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         return _scatter_rows(head, values)
     total = values.sum()
-    return total / head.count if reduction == "mean" and head.count > 0 else total
+    if reduction == "mean" and head.total_weight > 0:
+        return total / head.total_weight
+    return total
 
 
 @dataclass(frozen=True)
@@ -437,6 +466,20 @@ class _Spec:
     chunk_size: int | None
     needs: tuple[bool, bool, bool]
     half_matmul: bool
+    class_weight: Tensor | None = None
+
+    def head(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor) -> _Head:
+        """The rows of one call, as this spec walks them."""
+        return _Head.build(
+            hidden,
+            weight,
+            bias,
+            target,
+            self.ignore_index,
+            self.chunk_size,
+            self.half_matmul,
+            self.class_weight,
+        )
 
 
 class _LinearTargetLoss(torch.autograd.Function):
@@ -454,16 +497,15 @@ class _LinearTargetLoss(torch.autograd.Function):
     ) -> Tensor:
         ctx.spec = spec
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head.build(
-                hidden, weight, bias, target, spec.ignore_index, spec.chunk_size, spec.half_matmul
-            )
+            head = spec.head(hidden, weight, bias, target)
             if spec.reduction == "none":
                 values, lse, derivatives = _forward_chunks(
                     head, spec.phi, spec.hyperparameters, keep_for_backward=True
                 )
                 ctx.save_for_backward(hidden, weight, bias, target, lse, derivatives)
                 return _reduce(head, values, "none")
-            scale = 1.0 / head.count if spec.reduction == "mean" and head.count > 0 else 1.0
+            mean = spec.reduction == "mean" and head.total_weight > 0
+            scale = 1.0 / head.total_weight if mean else 1.0
             grads = _Grads.zeros(head, spec.needs)
             values, _, _ = _forward_chunks(
                 head, spec.phi, spec.hyperparameters, grads=grads, scale=scale
@@ -478,15 +520,7 @@ class _LinearTargetLoss(torch.autograd.Function):
         if spec.reduction == "none":
             hidden, weight, bias, target, lse, derivatives = ctx.saved_tensors
             with torch.autocast(grad_output.device.type, enabled=False):
-                head = _Head.build(
-                    hidden,
-                    weight,
-                    bias,
-                    target,
-                    spec.ignore_index,
-                    spec.chunk_size,
-                    spec.half_matmul,
-                )
+                head = spec.head(hidden, weight, bias, target)
                 grad_rows = grad_output.reshape(-1)
                 if head.rows is not None:
                     grad_rows = grad_rows.index_select(0, head.rows)
@@ -516,6 +550,7 @@ def linear_target_loss(
     *,
     loss: str = "gamma_ce",
     bias: Tensor | None = None,
+    class_weight: Tensor | Sequence[float] | None = None,
     chunk_size: int | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -564,6 +599,11 @@ def linear_target_loss(
         loss: a name of the family: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``,
             ``adaptive_focal``, ``hard_truncated``.
         bias: optional ``[V]`` output bias.
+        class_weight: optional ``[V]`` float weight per class: row ``i`` counts ``w[t_i]``
+            times, and ``"mean"`` divides by the sum of the weights of the non-ignored rows,
+            as ``weight`` of :func:`torch.nn.functional.cross_entropy` and of the plain-logits
+            losses. (Focal's ``alpha`` weighs rows alike, but its ``"mean"`` divides by the
+            number of rows: use ``"sum"`` and divide yourself for that.)
         chunk_size: rows per chunk; ``None`` chooses :func:`default_chunk_size` (at most 64
             MiB of float32 logits and ``H`` rows, at least ``min(256, H / 2)`` rows).
         ignore_index: target value that contributes neither loss nor gradient.
@@ -591,6 +631,7 @@ def linear_target_loss(
     check_reduction(reduction)
     phi, resolved = resolve_loss(loss, hyperparameters)
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args)
+    class_weight = _check_class_weight(class_weight, weight)
     if chunk_size is not None and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
@@ -604,12 +645,28 @@ def linear_target_loss(
         grad_enabled and bias is not None and bias.requires_grad,
     )
     if any(needs):
-        spec = _Spec(phi, resolved, reduction, ignore_index, chunk_size, needs, bool(half_matmul))
+        spec = _Spec(
+            phi,
+            resolved,
+            reduction,
+            ignore_index,
+            chunk_size,
+            needs,
+            bool(half_matmul),
+            class_weight,
+        )
         result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, spec)
     else:
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
             head = _Head.build(
-                flat_hidden, weight, bias, flat_target, ignore_index, chunk_size, half_matmul
+                flat_hidden,
+                weight,
+                bias,
+                flat_target,
+                ignore_index,
+                chunk_size,
+                half_matmul,
+                class_weight,
             )
             values, _, _ = _forward_chunks(head, phi, resolved)
             result = _reduce(head, values, reduction)
