@@ -20,6 +20,7 @@ from .report import (
     ClaimResult,
     collect,
     curves_figure,
+    metrics_figure,
     reliability_figures,
     scale_figure,
     write_report,
@@ -84,6 +85,9 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
         figure(str(out / "claim1_losses.png"))
         return ["claim1_losses.png"]
     names = []
+    bars = f"claim{number}_metrics.png"
+    if metrics_figure(result, out / bars):
+        names.append(bars)
     if number == 5 and scale_figure(result, out / "claim5_scale.png"):
         names.append("claim5_scale.png")
     curves = f"claim{number}_curves.png"

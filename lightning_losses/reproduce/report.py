@@ -154,6 +154,38 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     return names
 
 
+def metrics_figure(result: ClaimResult, path: Path) -> bool:
+    """The claim's table as bars: one panel per metric, a bar per variant, ± std over seeds."""
+    claim = result.claim
+    variants = [v.name for v in claim.variants if v.name in result.table]
+    metrics = [(key, title) for key, title in claim.metrics if key != "rep/scale"]
+    if not variants or not metrics:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(3.2 * len(metrics), 0.35 * len(variants) + 1.6), squeeze=False
+    )
+    for ax, (key, title) in zip(axes[0], metrics, strict=True):
+        stats = [result.table[v].get(key, MISSING) for v in variants]
+        ax.barh(
+            range(len(variants)),
+            [s.mean for s in stats],
+            xerr=[s.std for s in stats],
+            color="tab:blue",
+            alpha=0.75,
+            capsize=3,
+        )
+        ax.set_yticks(range(len(variants)), variants if ax is axes[0][0] else [], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"claim {claim.number}: test metrics, mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def _points(table: Table, prefix: str, invert: bool = False) -> list[tuple[float, str]]:
     """``(x, variant)`` sorted by ``x``, for variants named ``<prefix><number>`` exactly."""
     points = []
@@ -281,7 +313,9 @@ BUDGET = (
     f"{NOISE_SE:g} standard errors of its mean). A difference inside that band is `within "
     f"noise`: it does not support a claim that one loss beats another, and it does support a "
     f"claim that one is not better than, or about the same as, another. With 3 seeds this is "
-    f"a coarse screen, not a significance test."
+    f"a coarse screen, not a significance test. The bar charts (`claim<n>_metrics.png`) "
+    f"show the spread over seeds (± std); the verdicts use the paired differences, whose noise "
+    f"is smaller because the seeds are shared."
 )
 
 
