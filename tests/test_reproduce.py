@@ -18,6 +18,7 @@ from lightning_losses.reproduce.spec import (
     NOT_SUPPORTED,
     SUPPORTED,
     Condition,
+    Variant,
     against,
     compare,
     config_path,
@@ -161,6 +162,19 @@ def test_experiment_files_parse_and_their_overrides_reach_the_cli(number, capsys
         for key, value in expected.items():
             assert _dotted(printed, key) == value, (variant.name, key)
         assert variant.epochs == item.get("epochs", spec["epochs"])
+
+
+def test_variant_fingerprint_follows_the_config_text_and_the_overrides(tmp_path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  hidden: [8]\n")
+    plain = Variant("a", str(config))
+    changed = Variant("a", str(config), ("--model.temperature=2",))
+    assert len(plain.fingerprint()) == 12
+    assert plain.fingerprint() == Variant("b", str(config), epochs=99).fingerprint()
+    assert changed.fingerprint() != plain.fingerprint()
+    before = plain.fingerprint()
+    config.write_text("model:\n  hidden: [16]\n")
+    assert plain.fingerprint() != before
 
 
 def test_claim4_runs_at_least_ten_seeds() -> None:

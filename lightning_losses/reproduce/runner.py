@@ -41,12 +41,17 @@ def client_for(tracking_uri: str) -> MlflowClient:
 
 
 def run_tags(claim: Claim, variant: Variant, seed: int, epochs: int) -> dict[str, str]:
-    """The tags that identify a run of ``variant`` with ``seed`` and ``epochs``."""
+    """The tags that identify a run of ``variant`` with ``seed`` and ``epochs``.
+
+    ``variant_fingerprint`` (:meth:`Variant.fingerprint`) ties the run to the variant's config
+    text and overrides, so an edited experiment is not answered with stale runs.
+    """
     return {
         "claim": str(claim.number),
         "variant": variant.name,
         "seed": str(seed),
         "epochs": str(epochs),
+        "variant_fingerprint": variant.fingerprint(),
     }
 
 

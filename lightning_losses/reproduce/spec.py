@@ -15,6 +15,7 @@ the same") holds unless the data show the opposite beyond the noise.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import operator
@@ -89,6 +90,18 @@ class Variant:
     def scaled_epochs(self, scale: float) -> int:
         """Epochs under ``--epochs-scale`` (at least one)."""
         return max(1, round(self.epochs * scale))
+
+    def fingerprint(self) -> str:
+        """12 hex digits of SHA-1 over the config file's text and the overrides.
+
+        A run is reused only under the same fingerprint: editing the config or the overrides
+        of a variant makes ``reproduce`` train it again.
+        """
+        text = Path(config_path(self.config)).read_text() if self.config else ""
+        digest = hashlib.sha1(text.encode())
+        for override in self.overrides:
+            digest.update(b"\0" + override.encode())
+        return digest.hexdigest()[:12]
 
 
 @dataclass(frozen=True)
