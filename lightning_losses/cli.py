@@ -20,6 +20,14 @@ from .models import ClassifierModule
 from .tracking import TrackingConfigCallback, run_id_from_checkpoint
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+DESCRIPTION = (
+    "Classification losses against overconfidence and imbalance, with calibration and MLflow "
+    "tracking. fit/validate/test/predict: LightningCLI over ClassifierModule (default config: "
+    "digits, gamma-CE annealed 0 -> 1). Also: `lightning-losses compare` (runs of an MLflow "
+    "experiment side by side), `lightning-losses sync-tracking SPOOL` (replay what a dead "
+    "tracking server missed), `lightning-losses reproduce` (test the source documents' "
+    "claims, write reports/REPORT.md); each takes --help."
+)
 
 
 def default_config_path() -> str:
@@ -84,6 +92,7 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
         "save_config_kwargs": {"overwrite": True},
         "save_config_callback": TrackingConfigCallback,
         "auto_configure_optimizers": False,
+        "parser_kwargs": {"description": DESCRIPTION},
     }
     kwargs.update(cli_kwargs)
     if args is None:  # the command line: LightningCLI reads sys.argv itself

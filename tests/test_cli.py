@@ -138,3 +138,12 @@ def test_console_script_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "max_epochs=1" in done.stderr + done.stdout
+
+
+def test_help_names_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("fit", "compare", "sync-tracking", "reproduce"):
+        assert command in out, command
