@@ -270,6 +270,7 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
     client = MlflowClient(tracking_uri=uri)
     ids = _run_ids(client, CLAIM_3.experiment)
     assert len(ids) == len(CLAIM_3.variants)
+    table = {}
     for variant in CLAIM_3.variants:
         (run_id,) = re.findall(rf"\| {re.escape(variant.name)} \| 0 \| `(\w+)` \|", text)
         assert run_id in ids
@@ -277,6 +278,12 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
         row = next(line for line in text.splitlines() if line.startswith(f"| {variant.name} |"))
         for key, _ in CLAIM_3.metrics:
             assert f"{metrics[key]:.4f} ± 0.0000" in row
+        table[variant.name] = {key: mean_std([value]) for key, value in metrics.items()}
+    # The verdict and every condition line follow from the numbers in MLflow.
+    conditions = gamma_ce_conditions(table)
+    assert f"**Verdict: {verdict(conditions)}**" in text
+    for condition in conditions:
+        assert f"- {condition.describe()}" in text
     for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / name).is_file()
     # A second invocation into a new folder reuses every run, and their artifacts (the test
