@@ -295,3 +295,31 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
     reliability = [n for n in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", second) if "reliab" in n]
     assert len(reliability) == len(CLAIM_3.variants)
     assert all((tmp_path / "again" / name).is_file() for name in reliability)
+
+
+def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -> None:
+    from lightning_losses.reproduce import reproduce_claim
+    from lightning_losses.reproduce.report import claim_markdown
+    from lightning_losses.reproduce.spec import Claim
+
+    monkeypatch.chdir(tmp_path)
+    claim = Claim(
+        99,
+        "failure",
+        "one variant cannot run",
+        "a test",
+        (("rep/test_acc", "test acc"),),
+        lambda table: [against(table, "acc(ok) >= 0", "ok", "rep/test_acc", ">=", 0.0)],
+        fixed_variants=(
+            Variant("ok", "configs/digits_ce.yaml", epochs=1),
+            Variant("bad", "configs/digits_ce.yaml", ("--model.criterion.init_args.gama=1",), 1),
+        ),
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = reproduce_claim(claim, seeds=1, scale=1.0, tracking_uri=uri, out=tmp_path)
+    assert set(result.runs) == {("ok", 0)}
+    (failure,) = result.failures
+    assert failure.startswith("bad seed 0: SystemExit")
+    text = "\n".join(claim_markdown(result))
+    assert "**Failed runs**" in text and "- bad seed 0: SystemExit" in text
+    assert result.verdict == SUPPORTED  # decided on the run that exists

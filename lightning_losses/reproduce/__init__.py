@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from .report import (
 from .runner import COMPLETE_TAG, client_for, find_run, run_or_reuse, run_tags
 from .spec import Claim
 
-__all__ = ["main", "reproduce", "reproduce_claim"]
+__all__ = ["main", "reproduce", "reproduce_all", "reproduce_claim"]
 
 #: Tracking URI used when neither ``--tracking-uri`` nor ``MLFLOW_TRACKING_URI`` is set.
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -58,22 +59,36 @@ def threshold_run(claim: Claim, tracking_uri: str, out: Path) -> tuple[str, bool
 
 def run_claim(
     claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path
-) -> tuple[dict[tuple[str, int], str], int]:
-    """Run or reuse every (variant, seed) of a claim; returns the run ids and the reuse count."""
+) -> tuple[dict[tuple[str, int], str], int, list[str]]:
+    """Run or reuse every (variant, seed) of a claim.
+
+    A run that fails (an exception, or a config the CLI rejects) is reported and skipped: the
+    other runs go on, the report lists the failure, and its numbers count as missing.
+
+    Returns:
+        ``(run ids by (variant, seed), how many were reused, failures)``.
+    """
     if claim.number == 1:
         run_id, reused = threshold_run(claim, tracking_uri, out)
-        return {("analysis", 0): run_id}, int(reused)
+        return {("analysis", 0): run_id}, int(reused), []
     runs: dict[tuple[str, int], str] = {}
     reused_count = 0
+    failures: list[str] = []
     for variant in claim.variants:
         for seed in range(claim.seeds(seeds)):
             started = time.perf_counter()
-            run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
+            try:
+                run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
+            except (Exception, SystemExit) as error:  # SystemExit: the CLI rejected the config
+                failures.append(f"{variant.name} seed {seed}: {type(error).__name__}: {error}")
+                traceback.print_exc()
+                print(f"claim {claim.number} {variant.name} seed {seed}: FAILED ({error})")
+                continue
             runs[(variant.name, seed)] = run_id
             reused_count += reused
             state = "reused" if reused else f"{time.perf_counter() - started:.1f} s"
             print(f"claim {claim.number} {variant.name} seed {seed}: {run_id} ({state})")
-    return runs, reused_count
+    return runs, reused_count, failures
 
 
 def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
@@ -102,9 +117,10 @@ def reproduce_claim(
     claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path
 ) -> ClaimResult:
     """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
-    runs, reused = run_claim(claim, seeds, scale, tracking_uri, out)
+    runs, reused, failures = run_claim(claim, seeds, scale, tracking_uri, out)
     result = collect(claim, runs, tracking_uri)
     result.reused = reused
+    result.failures = failures
     result.epochs = {v.name: v.scaled_epochs(scale) for v in claim.variants if claim.number != 1}
     result.figures = figures(result, tracking_uri, out)
     return result
@@ -114,6 +130,13 @@ def reproduce(
     claims: Sequence[int], seeds: int, out: Path, tracking_uri: str, scale: float
 ) -> Path:
     """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
+    return reproduce_all(claims, seeds, out, tracking_uri, scale)[0]
+
+
+def reproduce_all(
+    claims: Sequence[int], seeds: int, out: Path, tracking_uri: str, scale: float
+) -> tuple[Path, list[ClaimResult]]:
+    """:func:`reproduce`, also returning each claim's result (failed runs included)."""
     from ..tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
@@ -135,7 +158,13 @@ def reproduce(
             "With one seed the ± columns are 0 and say nothing about noise: a difference "
             "smaller than the seed-to-seed spread can flip a verdict. Use `--seeds 3`."
         )
-    return write_report(results, out, header)
+    failed = sum(len(r.failures) for r in results)
+    if failed:
+        header.append(
+            f"**{failed} run(s) failed**; each claim lists its failures, and their numbers "
+            "are missing (a missing number never supports a claim)."
+        )
+    return write_report(results, out, header), results
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -171,6 +200,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-losses reproduce``."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    path = reproduce(args.claims, args.seeds, args.out, args.tracking_uri, args.epochs_scale)
+    path, results = reproduce_all(
+        args.claims, args.seeds, args.out, args.tracking_uri, args.epochs_scale
+    )
     print(f"report: {path}")
+    failed = sum(len(r.failures) for r in results)
+    if failed:
+        print(f"{failed} run(s) failed; see the report", file=sys.stderr)
+        return 1
     return 0

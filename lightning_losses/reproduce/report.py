@@ -31,6 +31,7 @@ class ClaimResult:
         epochs: ``{variant: epochs}`` actually run.
         reused: how many runs already existed.
         seconds: wall time of all its runs, from MLflow's start and end times.
+        failures: ``"<variant> seed <s>: <error>"`` for each run that failed.
     """
 
     claim: Claim
@@ -42,6 +43,7 @@ class ClaimResult:
     epochs: dict[str, int] = field(default_factory=dict)
     reused: int = 0
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -264,6 +266,14 @@ def runs_markdown(result: ClaimResult) -> list[str]:
     return lines
 
 
+def failures_markdown(result: ClaimResult) -> list[str]:
+    """The failed runs of a claim (nothing when none failed)."""
+    if not result.failures:
+        return []
+    lines = ["**Failed runs** (missing from the table; a missing number never holds):", ""]
+    return [*lines, *(f"- {failure}" for failure in result.failures), ""]
+
+
 def claim_markdown(result: ClaimResult) -> list[str]:
     """The section of one claim."""
     claim = result.claim
@@ -278,6 +288,7 @@ def claim_markdown(result: ClaimResult) -> list[str]:
         "",
         *table_markdown(result),
         "",
+        *failures_markdown(result),
         f"**Verdict: {result.verdict}** — {numbers}.",
         "",
         f"Rule: {claim.rule}",
