@@ -323,3 +323,21 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -
     text = "\n".join(claim_markdown(result))
     assert "**Failed runs**" in text and "- bad seed 0: SystemExit" in text
     assert result.verdict == SUPPORTED  # decided on the run that exists
+
+
+def test_pr_curve_is_sklearns_curve_thinned_to_at_most_200_points() -> None:
+    import torch
+    from sklearn.metrics import precision_recall_curve
+
+    from lightning_losses.reproduce.runner import PR_POINTS, pr_curve
+
+    generator = torch.Generator().manual_seed(0)
+    target = (torch.rand(1000, generator=generator) < 0.1).float()
+    logits = torch.randn(1000, generator=generator) + 2 * target
+    curve = pr_curve(logits, target)
+    precision, recall, _ = precision_recall_curve(target.numpy(), torch.sigmoid(logits).numpy())
+    assert len(recall) > PR_POINTS >= len(curve["recall"]) > PR_POINTS // 2
+    points = set(zip(precision.tolist(), recall.tolist(), strict=True))
+    assert set(zip(curve["precision"], curve["recall"], strict=True)) <= points
+    assert (curve["precision"][0], curve["recall"][0]) == (precision[0], recall[0])
+    assert (curve["precision"][-1], curve["recall"][-1]) == (precision[-1], recall[-1])

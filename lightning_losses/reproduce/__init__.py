@@ -22,6 +22,7 @@ from .report import (
     collect,
     curves_figure,
     metrics_figure,
+    pr_figure,
     reliability_figures,
     scale_figure,
     write_report,
@@ -110,6 +111,9 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
         names.append(curves)
     if number in (2, 3):
         names += reliability_figures(result, tracking_uri, out)
+    pr = f"claim{number}_pr_curves.png"
+    if pr_figure(result, tracking_uri, out / pr):
+        names.append(pr)
     return names
 
 

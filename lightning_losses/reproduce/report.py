@@ -10,7 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import as_array, client_for, read_bins, read_metrics, run_seconds
+from .runner import (
+    BINS_ARTIFACT,
+    PR_ARTIFACT,
+    as_array,
+    client_for,
+    read_json,
+    read_metrics,
+    run_seconds,
+)
 from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, verdict
 
 #: Val metrics drawn as curves (MLflow history of the first seed).
@@ -145,7 +153,7 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     names = []
     for variant, run_id in first_seed_runs(result).items():
         with tempfile.TemporaryDirectory() as scratch:
-            bins = read_bins(client, run_id, Path(scratch))
+            bins = read_json(client, run_id, BINS_ARTIFACT, Path(scratch))
         if bins is None:
             continue
         name = f"claim{result.claim.number}_reliability_{variant}.png"
@@ -154,6 +162,29 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
         plt.close(fig)
         names.append(name)
     return names
+
+
+def pr_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
+    """Test precision-recall curves of the rare class, first seed of each variant."""
+    client = client_for(tracking_uri)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    drawn = False
+    for variant, run_id in first_seed_runs(result).items():
+        with tempfile.TemporaryDirectory() as scratch:
+            curve = read_json(client, run_id, PR_ARTIFACT, Path(scratch))
+        if curve is not None:
+            ax.step(curve["recall"], curve["precision"], where="post", label=variant)
+            drawn = True
+    if drawn:
+        ax.set_xlabel("recall")
+        ax.set_ylabel("precision")
+        ax.set_title("rare class, test split, first seed")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return drawn
 
 
 def metrics_figure(result: ClaimResult, path: Path) -> bool:

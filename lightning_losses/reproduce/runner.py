@@ -29,6 +29,10 @@ COMPLETE_TAG = "reproduce_complete"
 N_BINS = 15
 #: Artifact holding the test reliability bins.
 BINS_ARTIFACT = "reproduce/test_bins.json"
+#: Artifact holding the rare class's test precision-recall curve (binary tasks).
+PR_ARTIFACT = "reproduce/test_pr_curve.json"
+#: Most points kept of a precision-recall curve.
+PR_POINTS = 200
 #: Precision at which the rare class's recall is read.
 RECALL_AT_PRECISION = 0.9
 
@@ -179,33 +183,50 @@ def reliability_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, li
     return {"count": count.tolist(), "conf_sum": conf_sum.tolist(), "correct": correct_sum.tolist()}
 
 
-def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dict | None]:
-    """Metrics of the fitted model on test, val and train, plus test reliability bins.
+def pr_curve(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
+    """The rare class's precision-recall curve (sklearn), at most ``PR_POINTS`` points."""
+    from sklearn.metrics import precision_recall_curve
+
+    precision, recall, _ = precision_recall_curve(
+        target.float().numpy(), torch.sigmoid(logits).numpy()
+    )
+    keep = np.unique(np.linspace(0, len(recall) - 1, min(len(recall), PR_POINTS)).round())
+    keep = keep.astype(int)
+    return {"precision": precision[keep].tolist(), "recall": recall[keep].tolist()}
+
+
+def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """Metrics of the fitted model on test, val and train, plus test artifacts.
 
     Keys: ``test_<m>``, ``val_<m>``, ``train_<m>``, ``nll_gap`` (val NLL - train NLL) and
-    ``scale`` (the cosine head's final scale) where the model has one.
+    ``scale`` (the cosine head's final scale) where the model has one. Artifacts, by path:
+    the test reliability bins (multiclass) or the test precision-recall curve (binary).
     """
     compute = SPLIT_METRICS[model.task]
     metrics: dict[str, float] = {}
-    bins = None
+    artifacts: dict[str, Any] = {}
     for split in ("test", "val", "train"):
         logits, target = predict_logits(model, datamodule, split)
         metrics.update({f"{split}_{k}": v for k, v in compute(logits, target).items()})
         if split == "test" and model.task == "multiclass":
-            bins = reliability_bins(logits, target)
+            artifacts[BINS_ARTIFACT] = reliability_bins(logits, target)
+        if split == "test" and model.task == "binary":
+            artifacts[PR_ARTIFACT] = pr_curve(logits, target)
     metrics["nll_gap"] = metrics["val_nll"] - metrics["train_nll"]
     scale = getattr(model.head, "scale", None)
     if scale is not None:
         metrics["scale"] = float(scale)
-    return metrics, bins
+    return metrics, artifacts
 
 
-def log_post_fit(client: MlflowClient, run_id: str, metrics: dict[str, float], bins: Any) -> None:
-    """Log the post-fit metrics (``rep/...``) and bins into the run, then mark it complete."""
+def log_post_fit(
+    client: MlflowClient, run_id: str, metrics: dict[str, float], artifacts: dict[str, Any]
+) -> None:
+    """Log the post-fit metrics (``rep/...``) and artifacts into the run, then mark it complete."""
     for key, value in metrics.items():
         client.log_metric(run_id, PREFIX + key, value if math.isfinite(value) else float("nan"))
-    if bins is not None:
-        client.log_dict(run_id, bins, BINS_ARTIFACT)
+    for path, content in artifacts.items():
+        client.log_dict(run_id, content, path)
     client.set_tag(run_id, COMPLETE_TAG, "1")
 
 
@@ -221,8 +242,8 @@ def train_variant(
     finally:
         sys.argv[1:] = argv
     run_id = cli.trainer.logger.run_id
-    metrics, bins = post_fit_metrics(cli.model, cli.datamodule)
-    log_post_fit(client_for(tracking_uri), run_id, metrics, bins)
+    metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
+    log_post_fit(client_for(tracking_uri), run_id, metrics, artifacts)
     return run_id
 
 
@@ -255,11 +276,11 @@ def run_seconds(client: MlflowClient, run_id: str) -> float:
     return (info.end_time - info.start_time) / 1000.0
 
 
-def read_bins(client: MlflowClient, run_id: str, folder: Path) -> dict | None:
-    """The test reliability bins logged into a run, or None."""
+def read_json(client: MlflowClient, run_id: str, artifact: str, folder: Path) -> dict | None:
+    """A JSON artifact of a run (``BINS_ARTIFACT``, ``PR_ARTIFACT``), or None if it has none."""
     try:
-        path = client.download_artifacts(run_id, BINS_ARTIFACT, str(folder))
-    except Exception:  # a run without bins (binary, nm) has no such artifact
+        path = client.download_artifacts(run_id, artifact, str(folder))
+    except Exception:  # e.g. bins of a binary run, or a run logged before the artifact existed
         return None
     return json.loads(Path(path).read_text())
 
