@@ -110,6 +110,18 @@ def test_condition_describe_and_bad_operator() -> None:
         Condition("a", 1.0, "==", 1.0)
 
 
+def test_aggregate_pairs_values_by_seed_when_a_run_is_missing() -> None:
+    runs = {("a", 0): "a0", ("a", 1): "a1", ("a", 2): "a2", ("b", 0): "b0", ("b", 2): "b2"}
+    metrics = {"a0": {"m": 1.0}, "a1": {"m": 5.0}, "a2": {"m": 3.0}}
+    metrics |= {"b0": {"m": 0.0}, "b2": {"m": 2.0}}
+    table = aggregate(runs, metrics, ["m"])
+    assert table["b"]["m"].values[0] == 0.0 and math.isnan(table["b"]["m"].values[1])
+    assert table["b"]["m"][:3] == (1.0, pytest.approx(math.sqrt(2)), 2)
+    # pairs (1, 0) and (3, 2): differences 1 and 1, no noise
+    condition = compare(table, "a > b", "a", ">", "b", "m")
+    assert condition.noise == 0.0 and condition.margin == 2.0
+
+
 def test_aggregate_mean_std() -> None:
     runs = {("a", 0): "r0", ("a", 1): "r1"}
     table = aggregate(runs, {"r0": {"m": 1.0}, "r1": {"m": 3.0}}, ["m"])

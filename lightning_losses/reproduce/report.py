@@ -76,13 +76,19 @@ def aggregate(
     metrics: Mapping[str, Mapping[str, float]],
     keys: Sequence[str],
 ) -> dict[str, dict[str, Stats]]:
-    """Mean ± std over seeds of each metric key, per variant (values in seed order)."""
+    """Mean ± std over seeds of each metric key, per variant.
+
+    ``Stats.values`` has one entry per seed of the claim, in seed order, NaN where the variant
+    has no run for that seed (a failed run), so that paired comparisons pair the same seeds.
+    """
     table: dict[str, dict[str, Stats]] = {}
     variants = dict.fromkeys(v for v, _ in runs)
+    seeds = sorted({seed for _, seed in runs})
     for variant in variants:
-        ids = [run_id for (v, _), run_id in sorted(runs.items()) if v == variant]
+        ids = [runs.get((variant, seed)) for seed in seeds]
         table[variant] = {
-            key: mean_std([metrics[r].get(key, math.nan) for r in ids]) for key in keys
+            key: mean_std([metrics[r].get(key, math.nan) if r else math.nan for r in ids])
+            for key in keys
         }
     return table
 
