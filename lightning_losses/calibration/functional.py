@@ -653,6 +653,16 @@ def _top_label_terms(
     return confidence, (decision == labels).to(torch.float64)
 
 
+def _accuracy_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+    """Per-decision top-label correctness, float64."""
+    return _top_label_terms(preds, target, task, input_format)[1]
+
+
+def _confidence_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+    """Per-decision top-label confidence, float64."""
+    return _top_label_terms(preds, target, task, input_format)[0]
+
+
 def _mean(terms: Tensor) -> Tensor:
     return terms.sum() / terms.numel() if terms.numel() else terms.new_tensor(float("nan"))
 
@@ -725,7 +735,7 @@ def accuracy(
         tensor(0.5000, dtype=torch.float64)
     """
     preds, target, task = _prepare(preds, target, task, input_format, validate_args)
-    return _mean(_top_label_terms(preds, target, task, input_format)[1])
+    return _mean(_accuracy_terms(preds, target, task, input_format))
 
 
 def mean_confidence(
@@ -746,4 +756,4 @@ def mean_confidence(
         tensor(0.7000, dtype=torch.float64)
     """
     preds, target, task = _prepare(preds, target, task, input_format, validate_args)
-    return _mean(_top_label_terms(preds, target, task, input_format)[0])
+    return _mean(_confidence_terms(preds, target, task, input_format))

@@ -12,7 +12,8 @@ Input forms, ``input_format`` and ``task`` are those of
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -347,7 +348,12 @@ class ClasswiseCalibrationError(_CalibrationMetric):
 
 
 class _MeanMetric(_CalibrationMetric):
-    """A float64 mean of per-sample (or per-label) terms: states ``score_sum`` and ``count``."""
+    """A float64 mean of per-sample (or per-label) terms: states ``score_sum`` and ``count``.
+
+    Subclasses name their per-term function, ``terms(preds, target, task, input_format)``.
+    """
+
+    terms: ClassVar[Callable[[Tensor, Tensor, str, str], Tensor]]
 
     def __init__(
         self,
@@ -368,16 +374,13 @@ class _MeanMetric(_CalibrationMetric):
         self.add_state("score_sum", default=zero.clone(), dist_reduce_fx="sum")
         self.add_state("count", default=zero.clone(), dist_reduce_fx="sum")
 
-    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
-        raise NotImplementedError
-
     def update(self, preds: Tensor, target: Tensor) -> None:
         """Add a batch's terms to the sum and their number to the count."""
         task = self._resolve(preds, target)
         preds, target, task = CF._prepare(
             preds, target, task, self.input_format, self.validate_args
         )
-        terms = self._terms(preds, target, task)
+        terms = type(self).terms(preds, target, task, self.input_format)
         self.score_sum += terms.sum()
         self.count += terms.numel()
 
@@ -403,8 +406,7 @@ class BrierScore(_MeanMetric):
         tensor(0.4000, dtype=torch.float64)
     """
 
-    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
-        return CF._brier_terms(preds, target, task, self.input_format)
+    terms = staticmethod(CF._brier_terms)
 
 
 class NegativeLogLikelihood(_MeanMetric):
@@ -422,8 +424,7 @@ class NegativeLogLikelihood(_MeanMetric):
         tensor(1.4100, dtype=torch.float64)
     """
 
-    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
-        return CF._nll_terms(preds, target, task, self.input_format)
+    terms = staticmethod(CF._nll_terms)
 
 
 class Accuracy(_MeanMetric):
@@ -442,8 +443,7 @@ class Accuracy(_MeanMetric):
 
     higher_is_better = True
 
-    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
-        return CF._top_label_terms(preds, target, task, self.input_format)[1]
+    terms = staticmethod(CF._accuracy_terms)
 
 
 class MeanConfidence(_MeanMetric):
@@ -462,8 +462,7 @@ class MeanConfidence(_MeanMetric):
 
     higher_is_better = None
 
-    def _terms(self, preds: Tensor, target: Tensor, task: str) -> Tensor:
-        return CF._top_label_terms(preds, target, task, self.input_format)[0]
+    terms = staticmethod(CF._confidence_terms)
 
 
 class CalibrationSummary(_EqualWidthMetric):
