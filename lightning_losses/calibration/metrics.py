@@ -478,8 +478,9 @@ class CalibrationSummary(_EqualWidthMetric):
 
     States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``
     (``[n_bins]``, also :meth:`bins`), and the scalars ``brier_sum``, ``nll_sum``,
-    ``top_correct``, ``top_confidence``, ``terms`` (per-sample, or per-label for binary and
-    multi-label inputs). A DDP sync moves ``3 n_bins + 5`` numbers.
+    ``top_correct``, ``top_confidence``; the number of terms (per sample, or per label for
+    binary and multi-label inputs) is ``count.sum()``, one binned pair per term. A DDP sync
+    moves ``3 n_bins + 4`` numbers.
 
     Args:
         num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
@@ -512,7 +513,7 @@ class CalibrationSummary(_EqualWidthMetric):
     ) -> None:
         super().__init__(num_classes, n_bins, input_format, task, validate_args, **kwargs)
         zero = torch.zeros((), dtype=torch.float64)
-        for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence", "terms"):
+        for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
 
     def update(self, preds: Tensor, target: Tensor) -> None:
@@ -528,7 +529,6 @@ class CalibrationSummary(_EqualWidthMetric):
         brier, nll = CF._proper_terms(preds, target, task, self.input_format)
         self.brier_sum.add_(brier.sum())
         self.nll_sum.add_(nll.sum())
-        self.terms.add_(brier.numel())
         if task == "multiclass":  # the binned pairs are the top-label ones
             top_confidence, top_correct = confidence, correct
         else:  # bins hold the positive class; accuracy and confidence use the decision
@@ -548,12 +548,13 @@ class CalibrationSummary(_EqualWidthMetric):
 
     def _values(self) -> dict[str, Tensor]:
         bins = (self.count, self.conf_sum, self.correct_sum)
+        terms = self.count.sum()  # one binned (confidence, correct) pair per term
         return {
             "ece": CF.calibration_error_from_bins(*bins, "l1"),
             "mce": CF.calibration_error_from_bins(*bins, "max"),
             "rmsce": CF.calibration_error_from_bins(*bins, "l2"),
-            "brier": self.brier_sum / self.terms,
-            "nll": self.nll_sum / self.terms,
-            "accuracy": self.top_correct / self.terms,
-            "confidence": self.top_confidence / self.terms,
+            "brier": self.brier_sum / terms,
+            "nll": self.nll_sum / terms,
+            "accuracy": self.top_correct / terms,
+            "confidence": self.top_confidence / terms,
         }
