@@ -40,6 +40,7 @@ from .functional.linear import linear_prediction_statistics
 from .losses import LinearTargetLoss
 from .mixins import LossMixin, _import_class, describe_criterion
 from .models import OptimizerFactory, _is_plain
+from .tracking import TrackingConfigCallback
 
 __all__ = [
     "LanguageModelCLI",
@@ -495,8 +496,6 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
     A LightningCLI with ``subclass_mode_model=True`` and ``subclass_mode_data=True`` over
     :class:`TinyLanguageModel` and :class:`PydocTopicsDataModule` (or subclasses); returns it.
     """
-    from .tracking import TrackingConfigCallback
-
     kwargs: dict[str, Any] = {
         "subclass_mode_model": True,
         "subclass_mode_data": True,

@@ -644,30 +644,21 @@ def linear_target_loss(
         grad_enabled and weight.requires_grad,
         grad_enabled and bias is not None and bias.requires_grad,
     )
+    spec = _Spec(
+        phi,
+        resolved,
+        reduction,
+        ignore_index,
+        chunk_size,
+        needs,
+        bool(half_matmul),
+        class_weight,
+    )
     if any(needs):
-        spec = _Spec(
-            phi,
-            resolved,
-            reduction,
-            ignore_index,
-            chunk_size,
-            needs,
-            bool(half_matmul),
-            class_weight,
-        )
         result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, spec)
     else:
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-            head = _Head.build(
-                flat_hidden,
-                weight,
-                bias,
-                flat_target,
-                ignore_index,
-                chunk_size,
-                half_matmul,
-                class_weight,
-            )
+            head = spec.head(flat_hidden, weight, bias, flat_target)
             values, _, _ = _forward_chunks(head, phi, resolved)
             result = _reduce(head, values, reduction)
     return result.reshape(target.shape) if reduction == "none" else result

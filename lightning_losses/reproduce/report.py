@@ -19,7 +19,7 @@ from .runner import (
     read_metrics,
     run_seconds,
 )
-from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, verdict
+from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, stats, verdict
 
 #: Val metrics drawn as curves (MLflow history of the first seed).
 CURVES = ("val/acc", "val/ece")
@@ -255,7 +255,7 @@ def scale_figure(result: ClaimResult, path: Path) -> bool:
             xs = [x for x, _ in points]
             ys = [result.table[v][key][0] for _, v in points]
             ax.plot(xs, ys, marker="o", label=label)
-        learned = result.table.get("normface_learned", {}).get("rep/scale", (math.nan,))[0]
+        learned = stats(result.table, "normface_learned", "rep/scale").mean
         ax.axvline(learned, color="k", ls="--", label=f"learned scale {learned:.2f}")
         ax.axvline(normface_min_scale(10, 0.9), color="r", ls=":", label="min scale (p=0.9)")
         ax.set_xscale("log")

@@ -178,10 +178,7 @@ class Condition:
 
 def stats(table: Table, variant: str, metric: str) -> Stats:
     """The :class:`Stats` of ``metric`` for ``variant``; all-NaN when absent."""
-    found = table.get(variant, {}).get(metric)
-    if found is None:
-        return MISSING
-    return found if isinstance(found, Stats) else Stats(*found)
+    return table.get(variant, {}).get(metric, MISSING)
 
 
 def paired_standard_error(a: Sequence[float], b: Sequence[float]) -> float:
