@@ -183,7 +183,8 @@ def test_tiny_fit_with_gamma_annealing_logs_perplexity_and_ece(datamodule, tmp_p
     assert model.criterion.gamma == pytest.approx(0.5 * 5 / 6)  # set before the last step
     ppl, nll, ece = (float(metrics[f"val/{name}"]) for name in ("ppl", "nll", "ece"))
     assert math.isclose(ppl, math.exp(nll), rel_tol=1e-5)
-    assert 1.0 < ppl < 2 * datamodule.vocab_size and 0.0 <= ece <= 1.0
+    assert ppl > 1.0 and ppl < 2 * datamodule.vocab_size  # better than twice uniform guessing
+    assert ece >= 0.0 and ece <= 1.0
     assert "criterion/gamma" in metrics and "val/acc" in metrics
     path = tmp_path / "lm.ckpt"
     trainer.save_checkpoint(path)
