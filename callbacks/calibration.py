@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,25 @@ def calibration_inputs(outputs: Any, pl_module: pl.LightningModule) -> tuple[Ten
     return logits, target
 
 
+def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tensor:
+    """Every process's ``tensor`` concatenated along dim 0, whatever its length on each process.
+
+    ``strategy.all_gather`` needs the same shape everywhere; here the lengths are gathered
+    first, each process pads its tensor to the longest with zeros, the padded tensors are
+    gathered, and each process's padding is cut off again: the result is the rank-0 rows, then
+    the rank-1 rows, and so on, on every process. The trailing dimensions and the dtype must be
+    the same on every process. With one process the tensor is returned as it is.
+    """
+    if strategy.world_size == 1:
+        return tensor
+    length = torch.tensor(tensor.shape[0], device=tensor.device)
+    lengths = strategy.all_gather(length).flatten().tolist()
+    padded = tensor.new_zeros((max(lengths), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    gathered = strategy.all_gather(padded)  # [world_size, longest, ...]
+    return torch.cat([rows[:n] for rows, n in zip(gathered, lengths, strict=True)])
+
+
 def _draw(bins: tuple[Tensor, ...], path: Path, title: str, artifact_loggers: list[Any]) -> None:
     from lightning_losses.calibration.diagram import reliability_diagram
 
@@ -69,6 +89,20 @@ class CalibrationMonitor(Callback):
 
     Every metric comes from one :class:`~lightning_losses.calibration.CalibrationSummary`, one
     pass per validation batch.
+
+    Names the module logs itself are the module's: the monitor never logs a key that something
+    else logs for the stage. :class:`~lightning_losses.models.ClassifierModule` logs its own
+    ``val/nll`` (what the example configs' ``ModelCheckpoint`` monitors), so with it the
+    monitor leaves ``val/nll`` alone and logs the six others. It recognises those keys as the
+    keys of ``trainer.callback_metrics`` it did not log itself: the ones logged in
+    ``validation_step`` / ``test_step`` as its epoch ends, and the ones logged in the module's
+    own epoch-end hooks (which run after the callbacks') at the end of each evaluation, the
+    sanity check included, so from the next epoch on.
+
+    With ``input_format="probs"`` the first batch of each validation (sanity check included,
+    so before any training step) and test epoch is checked: values in [0, 1] and, for
+    multiclass ``[N, C]``, rows that sum to 1 (within 1e-3); otherwise a ``ValueError`` says
+    what was seen (a model that returns logits would silently give a wrong ECE).
 
     Args:
         n_bins: equal-width bins.
@@ -112,6 +146,9 @@ class CalibrationMonitor(Callback):
         self.last_diagram: Path | None = None
         # (epoch, bins, drawn) of the last validation epoch, for the final diagram.
         self._last_val: tuple[int, tuple[Tensor, ...], bool] | None = None
+        self._checked: set[str] = set()  # stages whose inputs were checked this epoch
+        self._own_keys: set[str] = set()  # keys this monitor has logged
+        self._other_keys: set[str] = set()  # keys the module (or anyone else) logs
 
     def _build(self) -> dict[str, Any]:
         from lightning_losses.calibration import metrics as CM
@@ -131,8 +168,15 @@ class CalibrationMonitor(Callback):
             for metric in metrics.values():
                 metric.to(pl_module.device)
 
-    def _update(self, stage: str, outputs: Any, pl_module: pl.LightningModule) -> None:
+    def _update(
+        self, stage: str, outputs: Any, pl_module: pl.LightningModule, *, accumulate: bool = True
+    ) -> None:
         logits, target = calibration_inputs(outputs, pl_module)
+        if stage not in self._checked:
+            self._check_probabilities(stage, logits, target)
+            self._checked.add(stage)
+        if not accumulate:
+            return
         metrics = self._metrics[stage]
         if self.classwise and "classwise_ece" not in metrics and logits.dim() == 2:
             from lightning_losses.calibration.metrics import ClasswiseCalibrationError
@@ -146,6 +190,34 @@ class CalibrationMonitor(Callback):
         for metric in metrics.values():
             metric.update(logits, target)
 
+    def _check_probabilities(self, stage: str, probs: Tensor, target: Tensor) -> None:
+        """With ``input_format="probs"``: values in [0, 1], multiclass rows summing to 1."""
+        if self.input_format != "probs" or probs.numel() == 0:
+            return
+        probs = probs.float()
+        low, high = (float(v) for v in torch.aminmax(probs))
+        if math.isnan(low) or math.isnan(high):
+            seen = "NaN values"
+        elif low < 0.0 or high > 1.0:
+            seen = f"values outside [0, 1]: min {low:.4g}, max {high:.4g}"
+        elif probs.dim() == 2 and target.dim() == 1:  # multiclass [N, C]
+            sums = probs.sum(dim=1)
+            if float((sums - 1.0).abs().max()) <= 1e-3:
+                return
+            seen = f"rows that do not sum to 1: sums from {float(sums.min()):.4g} to "
+            seen += f"{float(sums.max()):.4g}"
+        else:
+            return
+        raise ValueError(
+            f'CalibrationMonitor(input_format="probs") needs probabilities, but the first {stage} '
+            f"batch has {seen}; the model returns logits? use input_format='logits'"
+        )
+
+    def _keys_of_others(self, trainer: pl.Trainer) -> set[str]:
+        """Keys logged by anyone but this monitor (the module's), remembered across epochs."""
+        self._other_keys.update(set(trainer.callback_metrics) - self._own_keys)
+        return self._other_keys
+
     def _finish(self, stage: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         metrics = self._metrics[stage]
         summary = metrics["summary"]
@@ -153,9 +225,11 @@ class CalibrationMonitor(Callback):
             return  # nothing was validated (e.g. limit_val_batches=0)
         values, bins = summary.compute_with_bins()  # one sync under DDP
         values.update({name: m.compute() for name, m in metrics.items() if name != "summary"})
-        pl_module.log_dict(
-            {f"{stage}/{name}": value.float() for name, value in values.items()}, sync_dist=False
-        )
+        taken = self._keys_of_others(trainer)
+        logged = {f"{stage}/{name}": value.float() for name, value in values.items()}
+        logged = {key: value for key, value in logged.items() if key not in taken}
+        self._own_keys.update(logged)
+        pl_module.log_dict(logged, sync_dist=False)
         epoch = trainer.current_epoch
         every = self.diagram_every_n_epochs
         due = stage == "test" or (every > 0 and (epoch + 1) % every == 0)
@@ -210,11 +284,16 @@ class CalibrationMonitor(Callback):
 
     @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_of_others(trainer)
         self.wait()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.wait()
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._checked.discard("val")
 
     @override
     def on_validation_batch_end(
@@ -226,13 +305,21 @@ class CalibrationMonitor(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if not trainer.sanity_checking:
-            self._update("val", outputs, pl_module)
+        # Sanity-check batches are checked (before any training step) but not accumulated.
+        self._update("val", outputs, pl_module, accumulate=not trainer.sanity_checking)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._finish("val", trainer, pl_module)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_of_others(trainer)  # also what the module logged in its epoch-end hook
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._checked.discard("test")
 
     @override
     def on_test_batch_end(
@@ -257,8 +344,11 @@ class TemperatureScalingCallback(Callback):
     Logs ``calibration/temperature`` and the validation ECE and NLL before and after scaling
     (``calibration/val_ece_before``, ``..._after``, ``calibration/val_nll_before``, ``..._after``)
     to every logger, and keeps them in :attr:`report`. Under DDP the logits of all processes
-    are gathered first. Multiclass ``[N, C]`` and binary ``[N]`` logits (n-by-m tasks are
-    flattened to multiclass); multi-label outputs are skipped with a warning.
+    are gathered first (:func:`all_gather_uneven`: processes may hold different numbers of
+    samples, as with :class:`~lightning_losses.data.UnpaddedDistributedSampler`), so the fit
+    is that of one process over the whole validation set. Multiclass ``[N, C]`` and binary
+    ``[N]`` logits (n-by-m tasks are flattened to multiclass); multi-label outputs are skipped
+    with a warning.
 
     With ``apply_to_model=True`` and a model that has a ``temperature`` attribute (such as
     :class:`lightning_losses.models.ClassifierModule`), that attribute is multiplied by the
@@ -298,21 +388,35 @@ class TemperatureScalingCallback(Callback):
         self._logits.append(logits.float())
         self._targets.append(target)
 
-    def _gathered(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
-        logits, target = torch.cat(self._logits), torch.cat(self._targets)
+    def _gathered(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor] | None:
+        """All processes' logits and targets; ``None`` (on every process) when there are none."""
+        strategy = trainer.strategy
+        local = sum(len(t) for t in self._targets)
         if trainer.world_size > 1:
-            logits = trainer.strategy.all_gather(logits).flatten(0, 1)
-            target = trainer.strategy.all_gather(target).flatten(0, 1)
-        return logits, target
+            counts = strategy.all_gather(torch.tensor(local, device=strategy.root_device))
+            counts = counts.flatten().tolist()
+        else:
+            counts = [local]
+        if not sum(counts):
+            return None
+        if not all(counts):
+            empty = [rank for rank, count in enumerate(counts) if not count]
+            raise ValueError(
+                f"TemperatureScalingCallback: processes {empty} had no validation samples of the "
+                f"last epoch (samples per process: {counts}); give every process at least one"
+            )
+        logits, target = torch.cat(self._logits), torch.cat(self._targets)
+        return all_gather_uneven(strategy, logits), all_gather_uneven(strategy, target)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from lightning_losses.calibration.scaling import TemperatureScaler
 
-        if not self._logits:
+        gathered = self._gathered(trainer)  # every process takes part in the gathers
+        if gathered is None:
             rank_zero_warn("TemperatureScalingCallback: no validation outputs to fit on")
             return
-        logits, target = self._gathered(trainer)
+        logits, target = gathered
         if logits.dim() == 2 and target.dim() == 2:
             rank_zero_warn("TemperatureScalingCallback: multi-label outputs are not scaled")
             return
@@ -333,4 +437,9 @@ class TemperatureScalingCallback(Callback):
                 logger.log_metrics(metrics, step=trainer.global_step)
 
 
-__all__: Sequence[str] = ("CalibrationMonitor", "TemperatureScalingCallback", "calibration_inputs")
+__all__: Sequence[str] = (
+    "CalibrationMonitor",
+    "TemperatureScalingCallback",
+    "all_gather_uneven",
+    "calibration_inputs",
+)

@@ -21,6 +21,10 @@ The training loader is a :class:`ResumableDataLoader`: its shuffled order depend
 checkpoint, even one taken in the middle of an epoch, sees exactly the batches that the
 uninterrupted run would have seen.
 
+The validation, test and predict loaders draw from an :class:`UnpaddedDistributedSampler`:
+under DDP every sample of the split is evaluated by exactly one process (no padding, no
+repeats), so metrics reduced across processes are those of the split itself.
+
 This module imports scikit-learn lazily; ``import lightning_losses`` does not import it.
 """
 
@@ -49,6 +53,7 @@ __all__ = [
     "ResumableDataLoader",
     "ResumableSampler",
     "TensorDataModule",
+    "UnpaddedDistributedSampler",
 ]
 
 TASKS = ("multiclass", "binary", "multilabel", "nm")
@@ -213,6 +218,116 @@ class ResumableDataLoader(DataLoader):
 
 
 # ----------------------------------------------------------------------------------------------
+# Exact evaluation under DDP
+# ----------------------------------------------------------------------------------------------
+
+
+def _checked_count(name: str, value: int | None, minimum: int) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+    if value is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """One process's share of an evaluation set: every sample once, no padding, no repeats.
+
+    With ``W`` processes, rank ``r`` takes the indices ``r, r + W, r + 2W, ...`` below the
+    dataset's length ``N``, in that order: the ranks' shares are disjoint and together are
+    exactly ``range(N)``. Ranks then hold ``ceil(N / W)`` or ``floor(N / W)`` samples (zero when
+    ``N < W``), so they may run different numbers of batches. Metrics that reduce sums across
+    processes (torchmetrics ``Metric`` s with ``dist_reduce_fx="sum"``) then give the values of
+    the whole set; torch's :class:`~torch.utils.data.DistributedSampler` instead pads the set
+    to a multiple of ``W`` by repeating samples, which biases them.
+
+    The number of replicas and the rank, unless given, are read from ``torch.distributed`` each
+    time the sampler is iterated or measured (the world size and global rank once the process
+    group is initialised; 1 and 0 before that), so a loader built before the process group
+    exists still splits correctly. Lightning keeps any ``DistributedSampler`` instance it finds
+    in a loader instead of replacing it with a padded one, so returning a
+    ``DataLoader(dataset, batch_size, sampler=UnpaddedDistributedSampler(dataset))`` from
+    ``val_dataloader`` / ``test_dataloader`` / ``predict_dataloader`` of any DataModule makes
+    its evaluation exact under DDP. There is nothing to shuffle; :meth:`set_epoch` has no effect.
+
+    Under DDP Lightning needs every process to get at least one batch (it raises otherwise),
+    so use at most ``N`` processes; no step of evaluation needs the ranks in step (collectives
+    happen at epoch end), so unequal numbers of batches are fine.
+
+    Args:
+        dataset: anything with a length; only its length is used.
+        num_replicas: number of processes sharing the data (default: the world size, or 1).
+        rank: this process's rank in ``[0, num_replicas)`` (default: the global rank, or 0).
+
+    Raises:
+        TypeError: ``num_replicas`` or ``rank`` is not an int.
+        ValueError: ``num_replicas < 1``, ``rank < 0``, or ``rank >= num_replicas`` when the
+            sampler is used.
+
+    Example:
+        >>> [list(UnpaddedDistributedSampler(range(5), num_replicas=2, rank=r)) for r in (0, 1)]
+        [[0, 2, 4], [1, 3]]
+        >>> [len(UnpaddedDistributedSampler(range(2), num_replicas=3, rank=r)) for r in (0, 1, 2)]
+        [1, 1, 0]
+        >>> list(UnpaddedDistributedSampler(range(4)))  # no process group: the whole set, in order
+        [0, 1, 2, 3]
+        >>> sampler = UnpaddedDistributedSampler(range(10), num_replicas=3, rank=0)
+        >>> loader = DataLoader(torch.arange(10), batch_size=4, sampler=sampler)
+        >>> [batch.tolist() for batch in loader]
+        [[0, 3, 6, 9]]
+    """
+
+    def __init__(
+        self, dataset: Sized, *, num_replicas: int | None = None, rank: int | None = None
+    ) -> None:
+        # DistributedSampler.__init__ is not called: it reads the process group now and pads.
+        # Subclassing it only tells Lightning to leave this sampler in place.
+        self.dataset = dataset
+        self._num_replicas = _checked_count("num_replicas", num_replicas, 1)
+        self._rank = _checked_count("rank", rank, 0)
+        self.epoch = 0
+        self.seed = 0
+        self.shuffle = False
+        self.drop_last = False
+
+    @property
+    def num_replicas(self) -> int:  # type: ignore[override]
+        """The given number of replicas, else the world size of the process group, else 1."""
+        if self._num_replicas is not None:
+            return self._num_replicas
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        """The given rank, else the global rank in the process group, else 0."""
+        if self._rank is not None:
+            return self._rank
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        """Samples over all ranks: the dataset's length (nothing is added)."""
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        """Samples of this rank: ``len(range(rank, N, num_replicas))``."""
+        return len(self._indices())
+
+    def _indices(self) -> range:
+        num_replicas, rank = self.num_replicas, self.rank
+        if not rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}); got rank={rank}")
+        return range(rank, self.total_size, num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+# ----------------------------------------------------------------------------------------------
 # Shared machinery
 # ----------------------------------------------------------------------------------------------
 
@@ -358,14 +473,20 @@ class _SplitDataModule(L.LightningDataModule):
         )
 
     def _eval_loader(self, dataset: Any) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers)
+        """In index order; under DDP each sample goes to exactly one process, unpadded."""
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=UnpaddedDistributedSampler(dataset),
+            num_workers=self.num_workers,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        """The validation split, in index order."""
+        """The validation split, in index order (under DDP: this process's unpadded share)."""
         return self._eval_loader(self.dataset("val"))
 
     def test_dataloader(self) -> DataLoader:
-        """The test split, in index order."""
+        """The test split, in index order (under DDP: this process's unpadded share)."""
         return self._eval_loader(self.dataset("test"))
 
     def predict_dataloader(self) -> DataLoader:

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchmetrics import Metric
 
 from .heads import NormFaceHead
 from .mixins import LossMixin, _import_class, describe_criterion
@@ -30,28 +31,77 @@ def _is_plain(value: Any) -> bool:
     return False
 
 
+def _nll_terms(logits: Tensor, target: Tensor, task: str) -> Tensor:
+    """Per-term negative log-likelihoods: one per sample, per task (nm) or per label."""
+    if task == "multiclass":
+        return F.cross_entropy(logits.float(), target, reduction="none")
+    if task == "nm":
+        return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
+    return F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="none")
+
+
+def _correct_terms(logits: Tensor, target: Tensor, task: str) -> Tensor:
+    """Per-term hits (bool): top-1 per sample, per task (nm), ``x > 0`` per label otherwise."""
+    if task == "multiclass":
+        return logits.argmax(dim=1) == target
+    if task == "nm":
+        return logits.argmax(dim=2) == target
+    return (logits > 0) == (target > 0.5)
+
+
 def task_nll(logits: Tensor, target: Tensor, task: str) -> Tensor:
     """Mean negative log-likelihood of the model's probabilities, whatever the loss trained it.
 
     Softmax cross-entropy for ``multiclass`` and ``nm`` (averaged over tasks), sigmoid binary
     cross-entropy for ``binary`` and ``multilabel`` (averaged over labels).
     """
-    if task == "multiclass":
-        return F.cross_entropy(logits.float(), target)
-    if task == "nm":
-        return F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
-    return F.binary_cross_entropy_with_logits(logits.float(), target.float())
+    return _nll_terms(logits, target, task).mean()
 
 
 def task_accuracy(logits: Tensor, target: Tensor, task: str) -> Tensor:
     """Accuracy: top-1 (``multiclass``), per task (``nm``), per label with ``x > 0`` otherwise."""
-    if task == "multiclass":
-        correct = logits.argmax(dim=1) == target
-    elif task == "nm":
-        correct = logits.argmax(dim=2) == target
-    else:
-        correct = (logits > 0) == (target > 0.5)
-    return correct.float().mean()
+    return _correct_terms(logits, target, task).float().mean()
+
+
+class MeanOfTerms(Metric):
+    """The mean of every term seen, kept as a float64 sum and count summed across processes.
+
+    ``update(values, weight)`` adds ``weight * values.sum()`` to the total and ``weight *
+    values.numel()`` to the count; ``compute()`` is ``total / count``. Both states reduce with
+    ``dist_reduce_fx="sum"``, so under DDP the value is the mean over the terms of every process,
+    however many each holds (a mean of per-process means is not, when the counts differ).
+
+    Example:
+        >>> mean = MeanOfTerms()
+        >>> mean.update(torch.tensor([1.0, 0.0, 1.0]))  # three terms
+        >>> mean.update(torch.tensor(0.5), weight=5)  # a batch mean over five samples
+        >>> round(float(mean.compute()), 6)  # (2 + 2.5) / 8
+        0.5625
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        zero = torch.zeros((), dtype=torch.float64)
+        self.add_state("total", default=zero.clone(), dist_reduce_fx="sum")
+        self.add_state("count", default=zero.clone(), dist_reduce_fx="sum")
+
+    def update(self, values: Tensor, weight: float = 1.0) -> None:
+        """Add ``values`` (any shape), each term counted ``weight`` times."""
+        values = values.detach()
+        self.total += weight * values.sum(dtype=torch.float64)
+        self.count += weight * values.numel()
+
+    def compute(self) -> Tensor:
+        """``total / count`` (NaN before any term)."""
+        return self.total / self.count
+
+
+def _evaluation_metrics() -> nn.ModuleDict:
+    return nn.ModuleDict({name: MeanOfTerms() for name in ("loss", "acc", "nll")})
 
 
 class ClassifierModule(LossMixin, L.LightningModule):
@@ -63,9 +113,21 @@ class ClassifierModule(LossMixin, L.LightningModule):
     output takes the shape the task's losses expect: ``[N, C]`` (``multiclass``), ``[N]``
     (``binary``), ``[N, K]`` (``multilabel``) or ``[N, n, m]`` (``nm``).
 
-    Logged: ``train/loss``, ``train/acc``, ``criterion/<hyper-parameter>``, ``val/loss``,
-    ``val/acc``, ``val/nll`` (and ``test/*``), ``time/epoch_seconds``. ``validation_step``
-    returns ``{"loss", "logits", "target"}`` for the calibration callback.
+    Logged: ``train/loss``, ``train/acc`` (each step and the epoch's mean),
+    ``criterion/<hyper-parameter>``, ``time/epoch_seconds``, and per validation (and test)
+    epoch ``val/loss``, ``val/acc``, ``val/nll`` (``test/*``). ``validation_step`` returns
+    ``{"loss", "logits", "target"}`` for the calibration callback.
+
+    The validation and test values are :class:`MeanOfTerms` metrics (one set per stage) whose
+    sums are reduced across DDP processes, so with an evaluation loader that gives each sample
+    to one process (:class:`~lightning_losses.data.UnpaddedDistributedSampler`, as the
+    DataModules of :mod:`lightning_losses.data` do) they are exact over the whole split, however
+    many samples each process holds. ``acc`` and ``nll`` are means over terms (samples; per task
+    for ``nm``; per label for ``binary`` and ``multilabel``). ``loss`` is the criterion's value
+    on each batch weighted by the batch's number of samples: the exact mean over the split for
+    criteria whose ``reduction="mean"`` is a mean over samples (or over a fixed number of terms
+    per sample); for a class-weighted cross-entropy, which divides each batch by its sum of
+    weights, it is the sample-weighted mean of the batch values.
 
     Args:
         criterion: a registry name (``"focal"``), a loss module, or in YAML a
@@ -141,6 +203,10 @@ class ClassifierModule(LossMixin, L.LightningModule):
         else:
             self.head = NormFaceHead(width, num_classes, scale=scale, margin=margin, kind=head)
         self.set_criterion(criterion)
+        # One set per stage, so that a test after fit does not mix with validation.
+        self.evaluation_metrics = nn.ModuleDict(
+            {"val": _evaluation_metrics(), "test": _evaluation_metrics()}
+        )
         self._epoch_started = 0.0
 
     def forward(self, x: Tensor, target: Tensor | None = None) -> Tensor:
@@ -159,15 +225,24 @@ class ClassifierModule(LossMixin, L.LightningModule):
         # Margins (CosFace / ArcFace) apply in training only.
         logits = self(x, target if stage == "train" else None)
         loss = self.compute_loss(logits, target, log=stage == "train")
-        on_step = stage == "train"
-        # Epoch-level validation and test values are averaged across DDP processes.
-        options = {"on_step": on_step, "on_epoch": True, "sync_dist": not on_step}
-        self.log(f"{stage}/loss", loss, prog_bar=True, **options)
-        accuracy = task_accuracy(logits, target, self.task)
-        self.log(f"{stage}/acc", accuracy, prog_bar=True, **options)
-        if stage != "train":
-            self.log(f"{stage}/nll", task_nll(logits, target, self.task), **options)
+        if stage == "train":
+            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+            accuracy = task_accuracy(logits, target, self.task)
+            self.log("train/acc", accuracy, on_step=True, on_epoch=True, prog_bar=True)
+        else:
+            self._log_evaluation(stage, logits, target, loss)
         return self.validation_output(logits, target, loss)
+
+    def _log_evaluation(self, stage: str, logits: Tensor, target: Tensor, loss: Tensor) -> None:
+        """Accumulate the stage's exact means; Lightning syncs their sums at the epoch's end."""
+        metrics = self.evaluation_metrics[stage]
+        metrics["loss"].update(loss, weight=target.shape[0])
+        metrics["acc"].update(_correct_terms(logits, target, self.task))
+        metrics["nll"].update(_nll_terms(logits, target, self.task))
+        for name, prog_bar in (("loss", True), ("acc", True), ("nll", False)):
+            self.log(
+                f"{stage}/{name}", metrics[name], on_step=False, on_epoch=True, prog_bar=prog_bar
+            )
 
     def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")["loss"]

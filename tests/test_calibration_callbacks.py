@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import lightning as L
 import numpy as np
 import pytest
@@ -9,12 +11,14 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
+from lightning_losses import LossMixin
 from lightning_losses.callbacks import CalibrationMonitor, TemperatureScalingCallback
 from lightning_losses.data import DigitsDataModule, NMDigitsDataModule, RareDigitDataModule
 from lightning_losses.models import ClassifierModule
 
 
 def fit(tmp_path, model, dm, callbacks, epochs=2, **kwargs):
+    options = {"enable_checkpointing": False, **kwargs}
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -22,9 +26,8 @@ def fit(tmp_path, model, dm, callbacks, epochs=2, **kwargs):
         logger=CSVLogger(tmp_path, name="run"),
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=callbacks,
-        **kwargs,
+        **options,
     )
     trainer.fit(model, dm)
     return trainer
@@ -181,3 +184,114 @@ def test_temperature_scaling_callback_fits_the_validation_logits(tmp_path):
     logged = (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
     assert "calibration/temperature" in logged
     assert trainer.state.finished
+
+
+# ----------------------------------------------------------------------------------------------
+# input_format="probs" is checked; names the module logs stay the module's
+# ----------------------------------------------------------------------------------------------
+
+
+def test_monitor_with_probs_rejects_logits_before_any_training_step(tmp_path):
+    model = ClassifierModule("ce", hidden=[8])  # returns logits
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[CalibrationMonitor(input_format="probs")],
+    )
+    with pytest.raises(ValueError, match="values outside \\[0, 1\\]: min -") as error:
+        trainer.fit(model, DigitsDataModule(batch_size=100))
+    message = str(error.value)
+    assert 'CalibrationMonitor(input_format="probs")' in message
+    assert "input_format='logits'" in message
+    assert trainer.global_step == 0  # raised in the sanity check, before training
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class Outputs(ClassifierModule):
+    """Hands the callbacks ``transform(logits)`` instead of the logits it logs its metrics on."""
+
+    def __init__(self, transform, **kwargs):
+        super().__init__("ce", hidden=[16], **kwargs)
+        self.transform = transform
+
+    def validation_step(self, batch, batch_idx):
+        output = super().validation_step(batch, batch_idx)
+        return {**output, "logits": self.transform(output["logits"])}
+
+
+def test_monitor_with_probs_rejects_rows_that_do_not_sum_to_one(tmp_path):
+    model = Outputs(torch.sigmoid)  # in [0, 1], but rows sum to about 5
+    with pytest.raises(ValueError, match="rows that do not sum to 1: sums from"):
+        fit(tmp_path, model, DigitsDataModule(), [CalibrationMonitor(input_format="probs")], 1)
+
+
+def test_monitor_with_probs_accepts_softmax_outputs(tmp_path):
+    dm = DigitsDataModule(batch_size=100)
+    model = Outputs(lambda logits: torch.softmax(logits, dim=1))
+    trainer = fit(tmp_path, model, dm, [CalibrationMonitor(input_format="probs")], epochs=1)
+    logits, target = validation_logits(model, dm)
+    ece, _, _ = numpy_top_label_errors(logits, target)
+    assert float(trainer.callback_metrics["val/ece"]) == pytest.approx(ece, abs=1e-6)
+
+
+def logged_column(tmp_path, name):
+    """Every value of ``name`` that reached the CSV logger, in order."""
+    rows = csv.DictReader((tmp_path / "run" / "version_0" / "metrics.csv").open())
+    return [float(row[name]) for row in rows if row.get(name)]
+
+
+def test_the_module_val_nll_reaches_the_logger_and_the_checkpoint_monitor(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    L.seed_everything(0)
+    dm = DigitsDataModule(batch_size=100)
+    # The monitor sees logits * 3: its NLL differs from the module's own val/nll.
+    model = Outputs(lambda logits: 3 * logits)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/nll", mode="min")
+    callbacks = [CalibrationMonitor(), checkpoint]
+    trainer = fit(tmp_path, model, dm, callbacks, epochs=1, enable_checkpointing=True)
+    assert trainer.state.finished
+    logits, target = validation_logits(model, dm)
+    own_nll = float(F.cross_entropy(logits, target))
+    monitor_nll = float(F.cross_entropy(3 * logits, target))
+    assert abs(own_nll - monitor_nll) > 0.1
+    assert logged_column(tmp_path, "val/nll") == [pytest.approx(own_nll, abs=1e-6)]
+    assert float(checkpoint.best_model_score) == pytest.approx(own_nll, abs=1e-6)
+    # The monitor still logs its other metrics, those of what it was given.
+    ece, _, _ = numpy_top_label_errors(3 * logits, target)
+    assert logged_column(tmp_path, "val/ece") == [pytest.approx(ece, abs=1e-6)]
+
+
+class EpochEndNll(LossMixin, L.LightningModule):
+    """A plain module that logs only its own val/nll, from its epoch-end hook (after callbacks')."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+        self.set_criterion("ce")
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.compute_loss(self.layer(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return self.validation_output(self.layer(x), y)
+
+    def on_validation_epoch_end(self):
+        self.log("val/nll", 42.0)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_val_nll_logged_at_epoch_end_is_the_module_one_in_every_epoch(tmp_path):
+    model = EpochEndNll()
+    fit(tmp_path, model, DigitsDataModule(batch_size=200), [CalibrationMonitor()], epochs=2)
+    assert logged_column(tmp_path, "val/nll") == [42.0, 42.0]
+    assert len(logged_column(tmp_path, "val/ece")) == 2
