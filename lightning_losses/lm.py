@@ -35,11 +35,11 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics import Metric
 
 from .cli import TrackingCLI
-from .data import ResumableDataLoader
+from .data import ResumableDataLoader, UnpaddedDistributedSampler
 from .functional.linear import linear_prediction_statistics
 from .losses import LinearTargetLoss
 from .mixins import LossMixin, _import_class, describe_criterion
-from .models import OptimizerFactory, _is_plain
+from .models import MeanOfTerms, OptimizerFactory, _is_plain
 from .tracking import TrackingConfigCallback
 
 __all__ = [
@@ -275,8 +275,13 @@ class PydocTopicsDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        # Under DDP each window is validated by exactly one process (no padding, no repeats).
+        dataset = self.dataset("val")
         return DataLoader(
-            self.dataset("val"), batch_size=self.batch_size, num_workers=self.num_workers
+            dataset,
+            batch_size=self.batch_size,
+            sampler=UnpaddedDistributedSampler(dataset),
+            num_workers=self.num_workers,
         )
 
 
@@ -418,6 +423,7 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
             criterion = LinearTargetLoss(criterion or "ce")
         self.set_criterion(criterion)
         self.val_calibration = TokenCalibration(n_bins)
+        self.val_loss = MeanOfTerms()
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Final hidden states ``[B, L, d_model]`` of token ids ``[B, L]``."""
@@ -447,7 +453,9 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
     def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
         tokens, target = batch
         hidden, loss = self._loss(tokens, target)
-        self.log("val/loss", loss, on_epoch=True, prog_bar=True, batch_size=target.numel())
+        # A sum-state mean: exact under DDP whatever each process holds.
+        self.val_loss.update(loss, weight=target.numel())
+        self.log("val/loss", self.val_loss, on_epoch=True, prog_bar=True)
         statistics = linear_prediction_statistics(
             hidden,
             self.token_embedding.weight,
