@@ -19,8 +19,13 @@ class LossSwitch(Callback):
 
     ``k = #{m in milestones : m <= trainer.current_epoch}``: ``criteria[0]`` before the first
     milestone, ``criteria[1]`` from it to the second, and so on. The criteria are built once
-    when fitting starts, with :func:`lightning_losses.mixins.build_criterion` (so a bad spec
-    fails before training), and the prebuilt module is swapped in with
+    in ``setup("fit")``, before any training step, with
+    :func:`lightning_losses.mixins.build_criterion`, and each is checked with its
+    ``check_hyperparameters()`` when it has one: a bad spec or value fails at start-up with a
+    ``ValueError`` (or ``TypeError``) naming ``LossSwitch criteria[k]``, its spec and its first
+    epoch. A :class:`~lightning_losses.callbacks.LossScheduler` checks the values it will set on
+    each criterion in the epochs where that criterion is used (see there). The prebuilt module
+    is swapped in with
     ``pl_module.criterion = module`` when training starts and at each epoch start where the
     index changes (checked again before each batch). The index is recomputed from
     ``trainer.current_epoch``, so a resumed run, even one resumed mid-epoch, uses the right
@@ -82,6 +87,34 @@ class LossSwitch(Callback):
         """The index of the criterion used in ``epoch``: the number of milestones ``<= epoch``."""
         return bisect_right(self.milestones, epoch)
 
+    def epochs(self, index: int) -> tuple[int, int | None]:
+        """``(first, stop)``: ``criteria[index]`` is used in epochs ``first <= epoch < stop``.
+
+        ``stop`` is ``None`` for the last criterion, which is used to the end of training.
+
+        Example:
+            >>> LossSwitch(["ce", "focal", "ce"], milestones=[3, 5]).epochs(1)
+            (3, 5)
+        """
+        first = 0 if index == 0 else self.milestones[index - 1]
+        stop = self.milestones[index] if index < len(self.milestones) else None
+        return first, stop
+
+    def describe(self, index: int) -> str:
+        """``criteria[index]`` with its first epoch and spec, for error messages.
+
+        Example:
+            >>> LossSwitch(["ce", "focal"], milestones=[3]).describe(1)
+            "LossSwitch criteria[1]='focal' (from epoch 3)"
+        """
+        first = self.epochs(index)[0]
+        return f"LossSwitch criteria[{index}]={self.criteria[index]!r} (from epoch {first})"
+
+    @property
+    def modules(self) -> list[Any]:
+        """The criteria built in ``setup("fit")``, one per phase; empty before it."""
+        return list(self._modules)
+
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
         """Swap in the criterion for the current epoch if it is not the active one."""
         if not self._modules:
@@ -103,9 +136,13 @@ class LossSwitch(Callback):
         modules = []
         for i, spec in enumerate(self.criteria):
             try:
-                modules.append(build_criterion(spec))
+                module = build_criterion(spec)
+                check = getattr(module, "check_hyperparameters", None)
+                if callable(check):
+                    check()
             except (ValueError, TypeError) as error:
-                raise type(error)(f"LossSwitch criteria[{i}]: {error}") from error
+                raise type(error)(f"{self.describe(i)}: {error}") from error
+            modules.append(module)
         self._modules = modules
         self._active = None
 

@@ -10,6 +10,11 @@ count, or a ``float`` in ``[0, 1]``, a fraction of training resolved as
 ``round(fraction * total)`` (Python's ``round``: halves go to the even integer). Write ``1.0``,
 not ``1``, for "the end of training".
 
+A schedule also says which values bound it (:meth:`Schedule.extremes`), so a callback can check
+them against the loss before training starts, and whether its timing depends on ``total``
+(:attr:`Schedule.uses_fractions`): one with ``int`` boundaries only does not, so it keeps its
+timing when a resumed run changes the length of training.
+
 Each schedule is a small class, so it can be written in YAML as ``class_path``/``init_args``::
 
     schedule:
@@ -31,6 +36,9 @@ from typing_extensions import override
 
 #: A boundary: an absolute step (or epoch) count, or a fraction of training in ``[0, 1]``.
 Boundary = int | float
+
+#: ``(progress, value)``: a value of a schedule and the earliest progress where it is taken.
+Extreme = tuple[float, float]
 
 
 def check_real(name: str, value: float) -> float:
@@ -123,6 +131,30 @@ class Schedule(ABC):
     def __call__(self, progress: float, total: float | None = None) -> float:
         """The value at ``progress`` (a step or epoch) of a run of ``total`` steps or epochs."""
 
+    @property
+    def uses_fractions(self) -> bool:
+        """Whether a boundary is a fraction of training, so the timing depends on ``total``.
+
+        The base class cannot tell and answers ``True``; the shipped schedules answer for
+        their own boundaries.
+        """
+        return True
+
+    def extremes(self, first: float, last: float, total: float | None = None) -> list[Extreme]:
+        """The values that bound the schedule over ``first <= progress <= last``.
+
+        Every ``schedule(p, total)`` with ``first <= p <= last`` lies between the smallest and
+        the largest returned value; each comes with the earliest progress in the window where
+        the schedule takes it. The base class assumes a monotone schedule and returns its
+        values at ``first`` and ``last``; a schedule that is not monotone must override this.
+
+        Args:
+            first: the first step (or epoch) of the window.
+            last: the last step (or epoch) of the window, ``math.inf`` for an unbounded run.
+            total: the number of steps (or epochs) of training, to resolve fractions.
+        """
+        return [(first, self(first, total)), (last, self(last, total))]
+
     @override
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
@@ -148,6 +180,15 @@ class ConstantSchedule(Schedule):
     @override
     def __call__(self, progress: float, total: float | None = None) -> float:
         return self.value
+
+    @property
+    @override
+    def uses_fractions(self) -> bool:
+        return False
+
+    @override
+    def extremes(self, first: float, last: float, total: float | None = None) -> list[Extreme]:
+        return [(first, self.value)]
 
 
 class IntervalSchedule(Schedule):
@@ -198,7 +239,31 @@ class IntervalSchedule(Schedule):
 
     @abstractmethod
     def interpolate(self, fraction: float) -> float:
-        """The value at ``0 < fraction < 1`` of the way from ``start_value`` to ``end_value``."""
+        """The value at ``0 < fraction < 1`` of the way from ``start_value`` to ``end_value``.
+
+        It must lie between ``start_value`` and ``end_value`` and be monotone in ``fraction``
+        (:meth:`extremes` relies on it).
+        """
+
+    @property
+    @override
+    def uses_fractions(self) -> bool:
+        return isinstance(self.start, float) or isinstance(self.end, float)
+
+    @override
+    def extremes(self, first: float, last: float, total: float | None = None) -> list[Extreme]:
+        """The values at ``first`` and ``last``: the schedule is monotone.
+
+        The value at ``last`` is dated where it is first taken, ``end`` when the window
+        reaches it.
+
+        Example:
+            >>> LinearSchedule(0.0, 2.0, end=0.5).extremes(0, 10, total=10)
+            [(0, 0.0), (5, 2.0)]
+        """
+        end = resolve_boundary("end", self.end, total)
+        reached = min(max(end, first), last)
+        return [(first, self(first, total)), (reached, self(last, total))]
 
     @override
     def __call__(self, progress: float, total: float | None = None) -> float:
@@ -317,3 +382,22 @@ class StepSchedule(Schedule):
                 f"steps {steps} with total={total!r}"
             )
         return self.values[bisect_right(steps, progress)]
+
+    @property
+    @override
+    def uses_fractions(self) -> bool:
+        return any(isinstance(milestone, float) for milestone in self.milestones)
+
+    @override
+    def extremes(self, first: float, last: float, total: float | None = None) -> list[Extreme]:
+        """The value at ``first`` and the value from each milestone in ``(first, last]``.
+
+        Example:
+            >>> StepSchedule([1.0, 0.5, 3.0], milestones=[2, 0.5]).extremes(0, 5, total=8)
+            [(0, 1.0), (2, 0.5), (4, 3.0)]
+        """
+        steps = [
+            resolve_boundary(f"milestones[{i}]", m, total) for i, m in enumerate(self.milestones)
+        ]
+        inside = sorted({step for step in steps if first < step <= last})
+        return [(first, self(first, total)), *((step, self(step, total)) for step in inside)]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import doctest
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import Callback
 from torch import nn
@@ -107,8 +109,31 @@ class NoCriterion(L.LightningModule):
         return Tiny().train_dataloader()
 
 
+class BoundedGamma(nn.Module):
+    """A test criterion whose ``gamma`` must lie in [0, 1], checked by its own method.
+
+    It has the ``check_hyperparameters()`` the loss modules of the package have, so these
+    tests do not depend on them: ``(1 + gamma) * cross_entropy``.
+    """
+
+    def __init__(self, gamma: float = 0.0) -> None:
+        super().__init__()
+        self.gamma = gamma
+
+    def check_hyperparameters(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1]; got gamma={self.gamma!r}")
+
+    @override
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (1.0 + self.gamma) * F.cross_entropy(logits, target)
+
+
+BOUNDED = f"{__name__}.BoundedGamma"
+
+
 class HookSpy(Callback):
-    """Records which of the fit hooks ran."""
+    """Records which of the fit hooks ran (and whether any training batch started)."""
 
     def __init__(self) -> None:
         self.hooks: list[str] = []
@@ -118,8 +143,18 @@ class HookSpy(Callback):
         self.hooks.append("on_fit_start")
 
     @override
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.hooks.append("on_sanity_check_start")
+
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.hooks.append("on_train_start")
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.hooks.append("on_train_batch_start")
 
 
 class SaveAtStep(Callback):
@@ -219,15 +254,18 @@ def test_two_schedulers_on_two_attributes_and_their_checkpoint_states(tmp_path):
     path = tmp_path / "two.ckpt"
     trainer.save_checkpoint(path)
     states = torch.load(path, weights_only=True)["callbacks"]
+    # "total": what the schedule was timed with (estimated stepping batches, or max_epochs).
     assert states["LossScheduler{'attribute': 'gamma'}"] == {
         "attribute": "gamma",
         "interval": "step",
         "last_value": 0.5,
+        "total": 18,
     }
     assert states["LossScheduler{'attribute': 'threshold'}"] == {
         "attribute": "threshold",
         "interval": "epoch",
         "last_value": 0.3,
+        "total": 3,
     }
 
 
@@ -299,12 +337,18 @@ def test_scheduler_follows_the_switched_criterion():
         assert close(seen.gamma, 0.9 * seen.epoch / 3), seen
 
 
-def test_scheduler_rechecks_the_attribute_after_a_switch():
-    model = Tiny()
-    callbacks = [LossSwitch(["gamma_ce", "ce"], milestones=[1]), GammaAnnealing()]
-    with pytest.raises(ValueError, match=r"'gamma'.*CrossEntropyLoss.*\(none\)"):
+def test_scheduler_checks_every_switched_criterion_before_training():
+    # The switch to cross-entropy (no gamma) comes at epoch 1; it fails before any step.
+    model, spy = Tiny(), HookSpy()
+    callbacks = [LossSwitch(["gamma_ce", "ce"], milestones=[1]), GammaAnnealing(), spy]
+    with pytest.raises(
+        ValueError,
+        match=r"GammaAnnealing cannot schedule 'gamma': the criterion CrossEntropyLoss of "
+        r"LossSwitch criteria\[1\]='ce' \(from epoch 1\).*\(none\)",
+    ):
         fit(callbacks, model=model)
-    assert [seen.epoch for seen in model.seen] == [0] * STEPS_PER_EPOCH
+    assert "on_train_batch_start" not in spy.hooks
+    assert model.seen == []
 
 
 def test_loss_switch_bad_name_fails_at_setup():
@@ -370,6 +414,7 @@ def test_state_keys_are_distinct():
     assert len(keys) == 4
 
 
+@pytest.mark.filterwarnings("ignore:GammaAnnealing \\(criterion.gamma\\).*timed for a total of 12")
 def test_resumed_run_continues_the_step_schedule(tmp_path):
     # 4 epochs: T = 24 steps, begin 0.1 * 24 = 2.4 -> 2 and until 0.9 * 24 = 21.6 -> 22.
     def annealing() -> GammaAnnealing:
@@ -419,6 +464,7 @@ def test_resumed_run_uses_the_criterion_of_its_epoch(tmp_path):
     ],
 )
 @pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch")
+@pytest.mark.filterwarnings("ignore:GammaAnnealing \\(criterion.gamma\\).*timed for a total of")
 def test_run_resumed_mid_epoch_is_right_from_its_first_step(tmp_path, interval, expected):
     # Lightning calls no on_train_epoch_start for the epoch a run resumes in, and the scheduler
     # comes before the switch: the switch must be in place before the first resumed batch.
@@ -436,6 +482,226 @@ def test_run_resumed_mid_epoch_is_right_from_its_first_step(tmp_path, interval, 
     for seen in resumed.seen:
         assert seen.criterion is FocalLoss, seen
         assert close(seen.gamma, expected(seen)), seen
+
+
+# --- resuming with another length of training ---------------------------------------------------
+
+
+def resume_with_more_epochs(tmp_path, make_callback) -> tuple[list[Seen], list[str]]:
+    """Fit 2 epochs, save, resume to 4 epochs; the resumed steps and our warnings."""
+    _, first = fit([make_callback()], max_epochs=2)
+    path = tmp_path / "two-epochs.ckpt"
+    first.save_checkpoint(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed, _ = fit([make_callback()], max_epochs=4, ckpt_path=path)
+    ours = [str(w.message) for w in caught if "criterion.gamma" in str(w.message)]
+    return resumed.seen, ours
+
+
+@pytest.mark.parametrize(
+    ("interval", "saved", "now"),
+    [("step", "12 steps", "is 24;"), ("epoch", "2 epochs", "is 4;")],
+)
+def test_resume_with_another_total_warns_once_naming_both(tmp_path, interval, saved, now):
+    def annealing() -> GammaAnnealing:
+        return GammaAnnealing(start=0.0, end=1.0, until=1.0, interval=interval)
+
+    seen, ours = resume_with_more_epochs(tmp_path, annealing)
+    assert len(ours) == 1, ours
+    (message,) = ours
+    assert message.startswith("GammaAnnealing (criterion.gamma): ")
+    assert f"timed for a total of {saved}" in message
+    assert f"this run's total {now}" in message
+    assert "give the boundaries as ints" in message
+    assert len(seen) == 2 * STEPS_PER_EPOCH  # it warns and goes on
+
+
+def test_resume_with_int_boundaries_and_another_total_is_silent_and_exact(tmp_path):
+    def annealing() -> GammaAnnealing:
+        return GammaAnnealing(start=0.0, end=1.0, begin=2, until=20)  # absolute steps
+
+    straight, _ = fit([annealing()], max_epochs=4)
+    uninterrupted = {seen.step: seen.gamma for seen in straight.seen}
+    seen, ours = resume_with_more_epochs(tmp_path, annealing)
+    assert ours == []
+    assert [s.step for s in seen] == list(range(12, 24))
+    for each in seen:
+        assert each.gamma == uninterrupted[each.step] == clamp01((each.step - 2) / 18), each
+
+
+def test_resume_with_the_same_total_is_silent(tmp_path):
+    _, first = fit([GammaAnnealing(until=1.0)], max_epochs=2)
+    path = tmp_path / "two-epochs.ckpt"
+    first.save_checkpoint(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit([GammaAnnealing(until=1.0)], max_epochs=2, ckpt_path=path)
+    assert not [w for w in caught if "criterion.gamma" in str(w.message)]
+
+
+# --- schedules checked against the loss before the first training step ---------------------------
+
+
+def fit_bounded(callbacks: list[Callback], max_epochs: int = 3) -> tuple[Tiny, HookSpy]:
+    """Fit ``Tiny`` with a ``BoundedGamma`` criterion; the error must come before any step."""
+    model, spy = Tiny(), HookSpy()
+    model.set_criterion(BoundedGamma())
+    fit([*callbacks, spy], max_epochs=max_epochs, model=model)
+    return model, spy
+
+
+@pytest.mark.parametrize(
+    ("make_callback", "message"),
+    [
+        pytest.param(
+            lambda: GammaAnnealing(start=0.0, end=2.0),
+            # 3 epochs of 6 steps: until=1.0 is step 18.
+            "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 18 "
+            "(the end of training), but BoundedGamma rejects it: gamma must lie in [0, 1]; "
+            "got gamma=2.0",
+            id="end",
+        ),
+        pytest.param(
+            lambda: GammaAnnealing(start=-0.5, end=1.0, begin=3, until=9),
+            "GammaAnnealing (criterion.gamma): the schedule reaches gamma=-0.5 at step 0, but "
+            "BoundedGamma rejects it: gamma must lie in [0, 1]; got gamma=-0.5",
+            id="start",
+        ),
+        pytest.param(
+            lambda: LossScheduler("gamma", StepSchedule([0.0, 1.5, 1.0], [0.25, 0.5])),
+            # 0.25 * 18 = 4.5 -> 4 (halves to even).
+            "LossScheduler (criterion.gamma): the schedule reaches gamma=1.5 at step 4, but "
+            "BoundedGamma rejects it: gamma must lie in [0, 1]; got gamma=1.5",
+            id="step-value",
+        ),
+        pytest.param(
+            lambda: LossScheduler("gamma", LinearSchedule(0.0, 3.0, end=1.0), interval="epoch"),
+            "LossScheduler (criterion.gamma): the schedule reaches gamma=3.0 at epoch 3 "
+            "(the end of training), but BoundedGamma rejects it",
+            id="epoch",
+        ),
+    ],
+)
+def test_schedule_leaving_the_range_fails_before_the_first_step(make_callback, message):
+    with pytest.raises(ValueError) as error:
+        fit_bounded([make_callback()])
+    assert str(error.value).startswith(message), str(error.value)
+
+
+class TinyWithValidation(Tiny):
+    """``Tiny`` with a validation loop, so Lightning runs its sanity check before training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated = 0
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.validated += 1
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
+
+
+@pytest.mark.parametrize(
+    ("interval", "hooks"),
+    [
+        # An epoch schedule's total is max_epochs: checked when fitting starts.
+        ("epoch", ["on_fit_start"]),
+        # A step schedule's total needs the training data, which Lightning loads after it
+        # restores a resumed run: checked when the sanity check starts, before it runs.
+        ("step", ["on_fit_start", "on_sanity_check_start"]),
+    ],
+)
+def test_error_comes_before_any_validation_or_training_step(interval, hooks):
+    model, spy = TinyWithValidation(), HookSpy()
+    model.set_criterion(BoundedGamma())
+    with pytest.raises(ValueError, match=r"reaches gamma=2\.0"):
+        fit([spy, GammaAnnealing(end=2.0, interval=interval)], model=model)
+    assert spy.hooks == hooks  # the spy comes first: the hook where the check failed is last
+    assert model.validated == 0
+    assert model.seen == []
+
+
+def test_without_a_sanity_check_a_step_schedule_is_checked_at_train_start():
+    model, spy = Tiny(), HookSpy()  # no validation loop, so no sanity check
+    model.set_criterion(BoundedGamma())
+    with pytest.raises(ValueError, match=r"reaches gamma=2\.0"):
+        fit([spy, GammaAnnealing(end=2.0)], model=model)
+    assert spy.hooks == ["on_fit_start", "on_train_start"]
+    assert model.seen == []
+
+
+def test_schedule_inside_the_range_trains():
+    model, _ = fit_bounded([GammaAnnealing(start=0.0, end=1.0)])
+    assert len(model.seen) == 18
+    assert model.seen[-1].gamma == pytest.approx(17 / 18)
+
+
+def test_value_past_the_end_of_training_is_not_reached():
+    # until=30 is after the 18 steps of training: at most 2.0 * 18 / 30 = 1.2 at the end.
+    with pytest.raises(ValueError, match=r"reaches gamma=1\.2 at step 18 \(the end"):
+        fit_bounded([GammaAnnealing(start=0.0, end=2.0, until=30)])
+    model, _ = fit_bounded([GammaAnnealing(start=0.0, end=2.0, until=36)])  # 1.0 at the end
+    assert len(model.seen) == 18
+
+
+def test_loss_switch_stage_with_an_invalid_value_fails_at_setup():
+    stage = {"class_path": BOUNDED, "init_args": {"gamma": 5.0}}
+    model, spy = Tiny(), HookSpy()
+    with pytest.raises(ValueError) as error:
+        fit([LossSwitch(["ce", stage], milestones=[2]), spy], model=model)
+    assert str(error.value) == (
+        f"LossSwitch criteria[1]={stage!r} (from epoch 2): gamma must lie in [0, 1]; got gamma=5.0"
+    )
+    assert spy.hooks == []
+    assert model.seen == []
+
+
+@pytest.mark.parametrize(
+    ("interval", "milestone", "where"),
+    [("epoch", 2, "epoch 1"), ("step", 7, "step 6")],
+)
+def test_schedule_is_checked_against_each_switched_criterion_in_its_epochs(
+    interval, milestone, where
+):
+    # Stage 0 (epoch 0, steps 0-5) takes any gamma; BoundedGamma from epoch 1 (step 6) on.
+    schedule = StepSchedule([3.0, 0.5], milestones=[milestone])
+    switch = LossSwitch([{"name": "focal", "gamma": 3.0}, {"class_path": BOUNDED}], milestones=[1])
+    with pytest.raises(ValueError) as error:
+        fit_bounded([LossScheduler("gamma", schedule, interval=interval), switch])
+    assert str(error.value).startswith(
+        f"LossScheduler (criterion.gamma): the schedule reaches gamma=3.0 at {where}, but "
+        f"BoundedGamma of LossSwitch criteria[1]={{'class_path': {BOUNDED!r}}} (from epoch 1) "
+        "rejects it: "
+        "gamma must lie in [0, 1]; got gamma=3.0"
+    ), str(error.value)
+
+
+@pytest.mark.parametrize(("interval", "milestone"), [("epoch", 1), ("step", 6)])
+def test_schedule_aligned_with_the_switch_trains(interval, milestone):
+    schedule = StepSchedule([3.0, 0.5], milestones=[milestone])
+    switch = LossSwitch([{"name": "focal", "gamma": 3.0}, {"class_path": BOUNDED}], milestones=[1])
+    model, _ = fit_bounded([LossScheduler("gamma", schedule, interval=interval), switch])
+    assert [(s.criterion, s.gamma) for s in model.seen] == [(FocalLoss, 3.0)] * 6 + [
+        (BoundedGamma, 0.5)
+    ] * 12
+
+
+def test_gamma_annealing_beyond_one_on_gamma_ce_fails_before_the_first_step():
+    # Uses GammaCrossEntropyLoss.check_hyperparameters (lightning_losses/losses.py).
+    model, spy = Tiny(), HookSpy()  # GammaCrossEntropyLoss(gamma=0.0)
+    with pytest.raises(ValueError) as error:
+        fit([GammaAnnealing(end=2.0), spy], model=model)
+    assert str(error.value).startswith(
+        "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 18 (the end "
+        "of training), but GammaCrossEntropyLoss rejects it: "
+    )
+    reason = str(error.value).split("rejects it: ", 1)[1]  # the loss's own message
+    assert "gamma" in reason and "2.0" in reason, reason
+    assert "on_train_batch_start" not in spy.hooks
 
 
 def test_callbacks_from_yaml():

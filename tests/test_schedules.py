@@ -15,6 +15,7 @@ from lightning_losses.callbacks import (
     CosineSchedule,
     ExponentialSchedule,
     LinearSchedule,
+    Schedule,
     StepSchedule,
 )
 from lightning_losses.callbacks import schedules as schedules_module
@@ -212,6 +213,107 @@ def test_linear_and_cosine_are_monotone_and_bounded(lo, hi, s, length):
         steps = [b - a for a, b in pairwise(values)]
         sign = 1.0 if hi >= lo else -1.0
         assert all(sign * d >= -1e-12 for d in steps)
+
+
+# --- extremes: the values that bound a schedule over a window ---------------------------------
+
+
+def assert_extremes_bound(schedule: Schedule, first: int, last: int, total: int) -> None:
+    """Each extreme is the schedule's value where it is dated, inside the window, and every
+    value at an integer step of the window lies between the smallest and the largest."""
+    extremes = schedule.extremes(first, last, total)
+    for at, value in extremes:
+        assert first <= at <= last, (at, extremes)
+        assert schedule(at, total) == value, (at, value)
+    low = min(value for _, value in extremes)
+    high = max(value for _, value in extremes)
+    for p in range(first, last + 1):
+        assert low - 1e-12 <= schedule(p, total) <= high + 1e-12, (p, extremes)
+
+
+@given(
+    lo=st.floats(0.01, 10),
+    hi=st.floats(0.01, 10),
+    start=st.integers(0, 30) | st.floats(0.0, 0.4),
+    end=st.integers(31, 60) | st.floats(0.5, 1.0),
+    total=st.integers(1, 80),
+    first=st.integers(0, 80),
+    length=st.integers(0, 80),
+)
+def test_interval_extremes_bound_every_value(lo, hi, start, end, total, first, length):
+    resolved = [round(b * total) if isinstance(b, float) else b for b in (start, end)]
+    if resolved[1] < resolved[0]:
+        return  # boundaries out of order for this total: an error (tested above)
+    for cls in (LinearSchedule, CosineSchedule, ExponentialSchedule):
+        schedule = cls(lo, hi, start=start, end=end)
+        assert_extremes_bound(schedule, first, first + length, total)
+
+
+@given(
+    values=st.lists(st.floats(-5, 5), min_size=1, max_size=6),
+    gaps=st.lists(st.integers(1, 10), min_size=5, max_size=5),
+    first=st.integers(0, 40),
+    length=st.integers(0, 40),
+)
+def test_step_extremes_bound_every_value(values, gaps, first, length):
+    milestones = [sum(gaps[: i + 1]) for i in range(len(values) - 1)]
+    schedule = StepSchedule(values, milestones)
+    assert_extremes_bound(schedule, first, first + length, 50)
+
+
+def test_extremes_closed_forms():
+    # The end value is dated at the resolved end (0.5 * 10 = 5) when the window reaches it.
+    assert LinearSchedule(0.0, 2.0, start=2, end=0.5).extremes(0, 10, 10) == [(0, 0.0), (5, 2.0)]
+    # A window that stops before the end: its first and last values, (1 + cos(pi p / 4)) / 2.
+    (at_1, first), (at_2, last) = CosineSchedule(1.0, 0.0, start=0, end=4).extremes(1, 2)
+    assert (at_1, at_2) == (1, 2)
+    assert close(first, (1 + math.cos(math.pi / 4)) / 2) and close(last, 0.5)
+    assert ExponentialSchedule(1.0, 0.01).extremes(0, 8, 8) == [(0, 1.0), (8, 0.01)]
+    # Every value of a step schedule whose milestone lies in (first, last]: 0.25 * 8 = 2.
+    step = StepSchedule([5.0, 0.5, 3.0, 9.0], milestones=[0.25, 4, 100])
+    assert step.extremes(0, 8, 8) == [(0, 5.0), (2, 0.5), (4, 3.0)]
+    assert step.extremes(3, 8, 8) == [(3, 0.5), (4, 3.0)]
+    assert step.extremes(0, math.inf, 8) == [
+        (0, 5.0),
+        (2, 0.5),
+        (4, 3.0),
+        (100, 9.0),
+    ]
+    assert ConstantSchedule(0.3).extremes(0, 10) == [(0, 0.3)]
+
+
+def test_extremes_of_an_unbounded_run_with_int_boundaries():
+    assert LinearSchedule(0.0, 1.0, start=3, end=7).extremes(0, math.inf) == [(0, 0.0), (7, 1.0)]
+
+
+def test_extremes_need_a_total_for_fractions():
+    with pytest.raises(ValueError, match=r"end=0\.5 is a fraction.*total=None"):
+        LinearSchedule(0.0, 1.0, end=0.5).extremes(0, 10)
+
+
+def test_base_schedule_extremes_are_its_ends():
+    class Square(Schedule):
+        def __call__(self, progress: float, total: float | None = None) -> float:
+            return float(progress) ** 2
+
+    assert Square().extremes(2, 5) == [(2, 4.0), (5, 25.0)]
+    assert Square().uses_fractions  # it cannot tell, so it is assumed to depend on the total
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        (ConstantSchedule(1.0), False),
+        (LinearSchedule(0.0, 1.0, start=0, end=10), False),
+        (LinearSchedule(0.0, 1.0, start=0, end=1.0), True),
+        (CosineSchedule(0.0, 1.0, start=0.0, end=10), True),
+        (ExponentialSchedule(1.0, 2.0, start=2, end=5), False),
+        (StepSchedule([1.0, 2.0], [3]), False),
+        (StepSchedule([1.0, 2.0, 3.0], [3, 0.5]), True),
+    ],
+)
+def test_uses_fractions(schedule, expected):
+    assert schedule.uses_fractions is expected
 
 
 def test_repr_shows_the_arguments():
