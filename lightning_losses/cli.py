@@ -8,6 +8,7 @@ with ``class_path`` / ``init_args``; ``--print_config`` prints a config that loa
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -15,9 +16,17 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
 
 from .models import ClassifierModule
-from .tracking import TrackingConfigCallback, run_id_from_checkpoint
+from .tracking import (
+    DEFAULT_SAVE_DIR,
+    TrackingConfigCallback,
+    check_reachable,
+    checkpoint_tracking,
+    resolve_tracking_uri,
+    run_folder_root,
+)
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 DESCRIPTION = (
@@ -35,23 +44,111 @@ def default_config_path() -> str:
     return str(resources.files("lightning_losses") / "default_config.yaml")
 
 
+#: The option that chooses a TrackingLogger's store (named in messages).
+URI_OPTION = "trainer.logger.init_args.tracking_uri"
+#: Exit status of a command stopped before it ran (as for argparse's errors).
+USAGE_ERROR = 2
+
+
+def tracking_logger_args(config: Any) -> list[Any]:
+    """The ``init_args`` of every TrackingLogger in a subcommand's ``trainer.logger``."""
+    logger = (config.get("trainer") or {}).get("logger")
+    entries = logger if isinstance(logger, list) else [logger]
+    return [
+        entry["init_args"]
+        for entry in entries
+        if hasattr(entry, "get")
+        and str(entry.get("class_path", "")).endswith("TrackingLogger")
+        and entry.get("init_args") is not None
+    ]
+
+
+def continue_checkpoint_run(init_args: Any, checkpoint_path: str, resume: bool) -> bool:
+    """Point a TrackingLogger's ``init_args`` at the run a checkpoint was saved under.
+
+    - Store: the checkpoint's tracking URI, unless the user chose one
+      (``trainer.logger.init_args.tracking_uri`` or ``MLFLOW_TRACKING_URI``). A chosen store
+      that is not the checkpoint's gets a new run, with a warning naming both.
+    - Run: the checkpoint's run id (unless ``run_id`` is given).
+    - Files: the checkpoint's run folder (``save_dir`` = the folder above
+      ``<experiment id>/<run id>/``), unless ``save_dir`` differs from the default
+      ``mlflow_runs``: new checkpoints, diagrams and the spool go beside the old ones
+      whatever the working directory.
+    - ``resume`` (``fit``): ``resume_step`` = the checkpoint's global step, so that the
+      logger records the resume marker.
+
+    Returns:
+        Whether the tracking URI was taken from the checkpoint.
+    """
+    info = checkpoint_tracking(checkpoint_path)
+    if not info.get("run_id"):
+        return False
+    chosen = init_args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    recorded = info["tracking_uri"]
+    if chosen and resolve_tracking_uri(chosen) != resolve_tracking_uri(recorded):
+        rank_zero_warn(
+            f"{checkpoint_path} belongs to MLflow run {info['run_id']} in {recorded}; the "
+            f"tracking URI chosen ({URI_OPTION} or MLFLOW_TRACKING_URI) is {chosen}, so a new "
+            "run starts there."
+        )
+        return False
+    init_args["tracking_uri"] = chosen or recorded
+    if init_args.get("run_id") is None:
+        init_args["run_id"] = info["run_id"]
+    root = run_folder_root(checkpoint_path, info["run_id"], str(info.get("experiment_id")))
+    if root is not None and init_args.get("save_dir") in (None, DEFAULT_SAVE_DIR):
+        init_args["save_dir"] = str(root)
+    if resume:
+        init_args["resume_step"] = info["global_step"]
+    return not chosen
+
+
+def require_reachable(init_args: Any, source: str, command: str) -> None:
+    """Stop the command with one short message if the logger's HTTP server does not answer.
+
+    The message names the option, variable or checkpoint the URI came from (``source``), the
+    URI, and how to choose another store; the exit status is 2. Without this check the error
+    would surface deep inside jsonargparse's instantiation of ``trainer.logger``.
+    """
+    uri = resolve_tracking_uri(init_args.get("tracking_uri"))
+    try:
+        check_reachable(uri, float(init_args.get("connect_timeout") or 5.0))
+    except ConnectionError as error:
+        prog = f"lightning-losses {command}" if command else "lightning-losses"
+        print(f"{prog}: error: {source}: {error}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+
+
+def _uri_source(init_args: Any) -> str:
+    """Where a logger's tracking URI comes from: the option, the variable or the default."""
+    if init_args.get("tracking_uri"):
+        return URI_OPTION
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return "MLFLOW_TRACKING_URI"
+    return "the default"
+
+
 class TrackingCLI(LightningCLI):
-    """LightningCLI whose ``fit --ckpt_path`` continues the MLflow run of the checkpoint."""
+    """LightningCLI that continues a checkpoint's MLflow run and checks the tracking server.
+
+    ``fit --ckpt_path`` continues the run the checkpoint was saved under, in its store and
+    run folder, from any working directory (:func:`continue_checkpoint_run`); ``validate``,
+    ``test`` and ``predict`` with a checkpoint log into that run too.
+    """
 
     def before_instantiate_classes(self) -> None:
-        """On ``fit --ckpt_path``, continue the MLflow run the checkpoint was saved under."""
+        """Fill in each TrackingLogger's run from the checkpoint; stop early on a dead server."""
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        if config is None or not config.get("ckpt_path"):
+        if config is None:
             return
-        logger = config.get("trainer", {}).get("logger")
-        if not logger or isinstance(logger, (bool, list)):
-            return
-        class_path = logger.get("class_path", "")
-        init_args = logger.get("init_args")
-        if not class_path.endswith("TrackingLogger") or init_args is None:
-            return
-        if init_args.get("run_id") is None and Path(config["ckpt_path"]).is_file():
-            init_args["run_id"] = run_id_from_checkpoint(config["ckpt_path"])
+        checkpoint = config.get("ckpt_path")
+        for init_args in tracking_logger_args(config):
+            source = _uri_source(init_args)
+            if checkpoint and Path(checkpoint).is_file():
+                resume = self.subcommand == "fit"
+                if continue_checkpoint_run(init_args, checkpoint, resume):
+                    source = f"the checkpoint {checkpoint}"
+            require_reachable(init_args, source, self.subcommand or "")
 
 
 class LossesCLI(TrackingCLI):
@@ -92,7 +189,8 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
         "save_config_kwargs": {"overwrite": True},
         "save_config_callback": TrackingConfigCallback,
         "auto_configure_optimizers": False,
-        "parser_kwargs": {"description": DESCRIPTION},
+        # No abbreviations: --trainer.max_epoch is an error, not --trainer.max_epochs.
+        "parser_kwargs": {"description": DESCRIPTION, "allow_abbrev": False},
     }
     kwargs.update(cli_kwargs)
     if args is None:  # the command line: LightningCLI reads sys.argv itself

@@ -4,8 +4,9 @@ Each run logged by the package's MLflow logger carries the tags ``loss``, ``data
 ``config``, the resolved config flattened into dotted params (``model.criterion.init_args.gamma``,
 ``trainer.callbacks.0.class_path``, ...) and metric histories (``val/acc``, ``val/ece``, ...).
 :func:`collect_runs` turns every finished or running run into one flat row: its loss, its key
-hyper-parameters (with a summary of any loss schedule), its dataset, the last logged value of
-the validation metrics, the number of epochs and the wall time. :func:`format_table`,
+hyper-parameters (with a summary of any loss schedule), its dataset, the final value of the
+validation metrics (read from the run's one-value-per-step history, so that a resumed run shows
+what its resumed fit logged), the number of epochs and the wall time. :func:`format_table`,
 :func:`write_csv` and :func:`comparison_figure` present the rows; :func:`main` is the command
 line.
 
@@ -458,18 +459,21 @@ def _wall_time(start_ms: int | None, end_ms: int | None) -> float | None:
     return max(0.0, (end_ms - start_ms) / 1000.0)
 
 
-def run_row(run: Run) -> dict[str, Any]:
+def run_row(run: Run, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One comparison row (keys :data:`COLUMNS`) for an MLflow run.
 
     Args:
-        run: a run from ``MlflowClient.search_runs`` or ``get_run``; ``run.data.metrics`` holds
-            the value of each metric at its highest step.
+        run: a run from ``MlflowClient.search_runs`` or ``get_run``.
+        metrics: the final value of each metric (:func:`lightning_losses.tracking.final_metrics`,
+            which applies the run's resume markers); default ``run.data.metrics``, MLflow's
+            value at the highest step.
 
     Returns:
         The row: run id, name and status, loss, hparams text, dataset, config, final metrics,
         epochs and wall time in seconds.
     """
-    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    tags, params = run.data.tags, run.data.params
+    metrics = run.data.metrics if metrics is None else metrics
     return {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
@@ -492,6 +496,10 @@ def collect_runs(
 ) -> list[dict[str, Any]]:
     """One row per finished or running run of an MLflow experiment.
 
+    Final metrics are read from each run's one-value-per-step history
+    (:func:`lightning_losses.tracking.final_metrics`): a run resumed from an earlier
+    checkpoint shows what its resumed fit logged last, not the abandoned attempt's values.
+
     Args:
         experiment: the experiment's name.
         tracking_uri: where the runs are; ``None``: ``MLFLOW_TRACKING_URI`` or
@@ -512,7 +520,9 @@ def collect_runs(
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
         runs = [r for r in _search(client, experiment_id) if r.info.status in LISTED_STATUSES]
-    return [run_row(run) for run in runs]
+    from .tracking import final_metrics
+
+    return [run_row(run, final_metrics(client, run)) for run in runs]
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,27 @@ def test_help_names_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("fit", "compare", "sync-tracking", "reproduce"):
         assert command in out, command
+
+
+def test_abbreviated_option_is_an_error_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--trainer.max_epoch=1", *QUICK[1:]])
+    assert exit_info.value.code != 0
+    assert "unrecognized arguments: --trainer.max_epoch=1" in capsys.readouterr().err
+
+
+def test_unreachable_tracking_server_is_one_short_message(tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    script = Path(sys.executable).with_name("lightning-losses")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    command = [str(script), "fit", f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2
+    [message] = [line for line in done.stderr.splitlines() if "error:" in line]
+    option = "trainer.logger.init_args.tracking_uri"
+    assert f"error: {option}: the MLflow tracking server at {uri} cannot be reached" in message
+    assert "Traceback" not in done.stderr and "Union" not in done.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran

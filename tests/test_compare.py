@@ -9,6 +9,7 @@ largest of their history, so reading any value but the last step's fails the tes
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -430,3 +431,35 @@ def test_running_wall_time_counts_to_now():
     start = time.time() * 1000.0 - 5_000.0
     assert compare._wall_time(start, None) == pytest.approx(5.0, abs=1.0)
     assert compare._wall_time(None, None) is None
+
+
+def test_collect_runs_reads_a_resumed_run_as_its_resumed_fit_logged_it(tmp_path):
+    """MLflow's latest value is the abandoned attempt's last step; the row is not."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'resumed.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment("resumed", artifact_location=tmp_path.as_uri())
+    run_id = client.create_run(experiment_id, run_name="resumed-run").info.run_id
+    abandoned = {"val/acc": [0.5, 0.6, 0.7, 0.8], "val/ece": [0.4, 0.3, 0.2, 0.1]}
+    abandoned["epoch"] = [0.0, 1.0, 2.0, 3.0]
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(key, value, START_MS + step, step)
+            for key, values in abandoned.items()
+            for step, value in enumerate(values)
+        ],
+    )
+    # Resumed from the checkpoint of step 2 (end of epoch 1), then stopped after epoch 2.
+    client.set_tag(run_id, "resume.1", json.dumps({"step": 2, "time_ms": START_MS + 100}))
+    resumed = {"val/acc": 0.65, "val/ece": 0.09, "epoch": 2.0}
+    client.log_batch(
+        run_id, metrics=[Metric(key, v, START_MS + 200, 2) for key, v in resumed.items()]
+    )
+    client.set_terminated(run_id)
+    assert client.get_run(run_id).data.metrics["val/acc"] == 0.8  # MLflow's latest: stale
+
+    [row] = compare.collect_runs("resumed", tracking_uri=uri)
+    assert (row["val/acc"], row["val/ece"], row["epochs"]) == (0.65, 0.09, 3)

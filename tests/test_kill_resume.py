@@ -161,11 +161,6 @@ def test_last_checkpoint_is_not_the_best_one(worst):
     assert last_checkpoint(worst.folder) == last_of(worst.trainer)  # the README's path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs TrackingLogger.after_save_checkpoint (lightning_losses/tracking.py) to keep "
-    "the ModelCheckpoint that has a monitor, not the monitor-less last.ckpt one",
-)
 def test_mlflow_run_keeps_the_best_checkpoint(worst):
     from mlflow.tracking import MlflowClient
 

@@ -129,14 +129,20 @@ def first_seed_runs(result: ClaimResult) -> dict[str, str]:
 
 
 def curves_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
-    """Val accuracy and ECE per epoch (first seed of each variant) from MLflow's history."""
+    """Val accuracy and ECE per epoch (first seed of each variant), one value per step.
+
+    The histories are read with :func:`lightning_losses.tracking.metric_history`, so a
+    resumed run draws its resumed values only.
+    """
+    from ..tracking import metric_history
+
     client = client_for(tracking_uri)
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 4))
     drawn = False
     for variant, run_id in first_seed_runs(result).items():
         for ax, key in zip(axes, CURVES, strict=True):
-            history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+            history = metric_history(client, run_id, key)
             if history:
                 ax.plot(range(1, len(history) + 1), [m.value for m in history], label=variant)
                 ax.set_title(key)

@@ -264,8 +264,14 @@ def run_or_reuse(
 
 
 def read_metrics(client: MlflowClient, run_id: str) -> dict[str, float]:
-    """Latest value of every metric of a run."""
-    return dict(client.get_run(run_id).data.metrics)
+    """Final value of every metric of a run, from its one-value-per-step history.
+
+    :func:`lightning_losses.tracking.final_metrics`: a resumed run's abandoned steps are
+    left out.
+    """
+    from ..tracking import final_metrics
+
+    return final_metrics(client, client.get_run(run_id))
 
 
 def run_seconds(client: MlflowClient, run_id: str) -> float:
