@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .functional._validation import check_choice, check_range
 from .functional.scale import feature_norm, normface_min_scale
 
 KINDS = ("normface", "cosface", "arcface")
@@ -37,8 +38,12 @@ class NormFaceHead(nn.Module):
     Args:
         in_features: feature size ``D``.
         num_classes: ``C``.
-        scale: fixed scale, or ``None`` for a learnable one.
+        scale: fixed scale ``> 0``, or ``None`` for a learnable one.
         margin: margin on the target, ``>= 0`` (ignored by ``"normface"``).
+
+    Raises:
+        ValueError: ``kind``, ``margin`` or ``scale`` out of range (see
+            :meth:`check_hyperparameters`), at construction and at any call.
         kind: ``"normface"``, ``"cosface"`` or ``"arcface"``.
 
     Example:
@@ -59,12 +64,9 @@ class NormFaceHead(nn.Module):
         kind: str = "normface",
     ) -> None:
         super().__init__()
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-        if margin < 0:
-            raise ValueError(f"margin must be >= 0; got {margin!r}")
-        if scale is not None and scale <= 0:
-            raise ValueError(f"scale must be positive or None (learnable); got {scale!r}")
+        for name, size in (("in_features", in_features), ("num_classes", num_classes)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be a positive integer; got {size!r}")
         self.in_features = in_features
         self.num_classes = num_classes
         self.kind = kind
@@ -72,10 +74,26 @@ class NormFaceHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_classes, in_features))
         nn.init.xavier_uniform_(self.weight)
         if scale is None:
-            start = max(1.0, normface_min_scale(num_classes, 0.99))
+            start = max(1.0, normface_min_scale(num_classes, 0.99)) if num_classes > 1 else 1.0
             self.scale = nn.Parameter(torch.tensor(start))
         else:
-            self.scale = float(scale)
+            self.scale = scale
+        self.check_hyperparameters()
+
+    def check_hyperparameters(self) -> None:
+        """Check the current ``kind``, ``margin`` and (fixed) ``scale``; the forward call too.
+
+        ``kind`` is one of ``normface``, ``cosface``, ``arcface``; ``margin`` a finite number
+        ``>= 0``; a fixed ``scale`` a finite number ``> 0`` (a learnable one is not checked).
+
+        Raises:
+            ValueError: a value out of range, naming the attribute and the range.
+            TypeError: a value that is not a number.
+        """
+        check_choice("kind", self.kind, KINDS)
+        check_range("margin", self.margin, low=0.0)
+        if not isinstance(self.scale, nn.Parameter):
+            check_range("scale", self.scale, low=0.0, low_open=True)
 
     def cosine(self, features: Tensor) -> Tensor:
         """``cos(feature, class weight)``, ``[N, C]``; 0 for a zero feature row."""
@@ -97,6 +115,7 @@ class NormFaceHead(nn.Module):
         return cos.scatter(1, target[:, None], shifted)
 
     def forward(self, features: Tensor, target: Tensor | None = None) -> Tensor:
+        self.check_hyperparameters()  # a schedule may have set them; it costs nothing
         cos = self.cosine(features)
         if target is not None and self.kind != "normface" and self.margin > 0:
             cos = self._with_margin(cos, target)

@@ -9,6 +9,7 @@ saved in the state dict.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -16,21 +17,54 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as LF
-from .functional._validation import check_reduction
-from .functional.linear import LINEAR_TARGET_LOSSES, resolve_loss
+from .functional._validation import check_flag, check_loss_options
+from .functional.binary import check_binary_focal
+from .functional.exact import check_exact, check_exact_options
+from .functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
+from .functional.multilabel import check_nm
+from .functional.target_probability import (
+    check_adaptive_focal,
+    check_focal,
+    check_gamma_ce,
+    check_hard_truncated,
+)
+from .functional.truncation import check_soft_truncated
+
+
+def _no_hyperparameters() -> None:
+    """The check of a loss without scalar hyper-parameters."""
 
 
 class FunctionalLoss(nn.Module):
     """Base of the loss modules: ``forward`` calls ``function`` with the current attributes.
 
-    Subclasses set ``function`` and ``hyperparameter_names`` (the scalar hyper-parameters a
-    schedule may change and a logger may record) and ``option_names`` (everything else passed
-    through: ``reduction``, ``ignore_index``, per-class tensors, ``validate_args``).
+    Subclasses set ``function``, ``check`` (the function's own check of its scalar
+    hyper-parameters, called with them by name), ``hyperparameter_names`` (the scalar
+    hyper-parameters a schedule may change and a logger may record) and ``option_names``
+    (everything else passed through: ``reduction``, ``ignore_index``, per-class tensors,
+    ``validate_args``).
+
+    Every constructor ends with :meth:`check_hyperparameters` (arranged by
+    ``__init_subclass__``, once the constructor of the object's own class returns), so a value
+    out of range fails where the loss is built, not at its first call.
     """
 
     function: ClassVar[Callable[..., Tensor]]
+    check: ClassVar[Callable[..., None]] = staticmethod(_no_hyperparameters)
     hyperparameter_names: ClassVar[tuple[str, ...]] = ()
     option_names: ClassVar[tuple[str, ...]] = ("reduction", "validate_args")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: FunctionalLoss, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if type(self) is cls:
+                self.check_hyperparameters()
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
 
     def _set_class_vector(self, name: str, value: Tensor | Sequence[float] | None) -> None:
         tensor = None if value is None else torch.as_tensor(value, dtype=torch.float32)
@@ -40,9 +74,36 @@ class FunctionalLoss(nn.Module):
         """The current scalar hyper-parameters, by name (e.g. ``{"gamma": 0.5}``)."""
         return {name: getattr(self, name) for name in self.hyperparameter_names}
 
+    def options(self) -> dict[str, Any]:
+        """The current options passed to ``function`` besides the hyper-parameters, by name."""
+        return {name: getattr(self, name) for name in self.option_names}
+
+    def check_hyperparameters(self) -> None:
+        """Check the current hyper-parameters and options as a call of the loss would.
+
+        The scalar hyper-parameters go through the loss function's own check (``check``);
+        ``reduction``, ``ignore_index``, ``validate_args`` and the per-class ``weight`` or
+        ``alpha`` (1-D; finite and ``>= 0`` when ``validate_args``) through the options'
+        check. Runs at the end of every constructor; a schedule that assigns an attribute may
+        call it to fail early. The forward call checks the scalars again (it costs nothing).
+
+        Raises:
+            ValueError: a value out of range; the message names the attribute and the range.
+            TypeError: a value of the wrong type (e.g. ``ignore_index=1.5``).
+
+        Example:
+            >>> criterion = FocalLoss(gamma=2.0)
+            >>> criterion.gamma = -1.0
+            >>> criterion.check_hyperparameters()
+            Traceback (most recent call last):
+            ...
+            ValueError: gamma must lie in [0, inf); got -1.0
+        """
+        type(self).check(**self.hyperparameters())
+        check_loss_options(self.options())
+
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        options = {name: getattr(self, name) for name in self.option_names}
-        return type(self).function(logits, target, **self.hyperparameters(), **options)
+        return type(self).function(logits, target, **self.hyperparameters(), **self.options())
 
     def extra_repr(self) -> str:
         shown = {**self.hyperparameters(), "reduction": self.reduction}
@@ -93,6 +154,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
     """
 
     function = staticmethod(LF.gamma_cross_entropy)
+    check = staticmethod(check_gamma_ce)
     hyperparameter_names = ("gamma", "threshold")
 
     def __init__(
@@ -135,6 +197,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
     """  # noqa: E501
 
     function = staticmethod(LF.hard_truncated_loss)
+    check = staticmethod(check_hard_truncated)
     hyperparameter_names = ("margin",)
 
     def __init__(
@@ -164,6 +227,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
     """  # noqa: E501
 
     function = staticmethod(LF.soft_truncated_loss)
+    check = staticmethod(check_soft_truncated)
     hyperparameter_names = ("k",)
 
     def __init__(
@@ -193,6 +257,7 @@ class FocalLoss(FunctionalLoss):
     """  # noqa: E501
 
     function = staticmethod(LF.focal_loss)
+    check = staticmethod(check_focal)
     hyperparameter_names = ("gamma",)
     option_names = _ALPHA_OPTIONS
 
@@ -224,6 +289,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.adaptive_focal_loss)
+    check = staticmethod(check_adaptive_focal)
     hyperparameter_names = ("thresholds", "gammas")
     option_names = _ALPHA_OPTIONS
 
@@ -255,6 +321,7 @@ class BinaryFocalLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.binary_focal_loss)
+    check = staticmethod(check_binary_focal)
     hyperparameter_names = ("gamma", "alpha")
 
     def __init__(
@@ -281,6 +348,7 @@ class BinarySoftTruncatedLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.binary_soft_truncated_loss)
+    check = staticmethod(check_soft_truncated)
     hyperparameter_names = ("k",)
 
     def __init__(self, *, k: float = 1.0, reduction: str = "mean", validate_args: bool = True):
@@ -299,6 +367,7 @@ class BinaryHardTruncatedLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.binary_hard_truncated_loss)
+    check = staticmethod(check_hard_truncated)
     hyperparameter_names = ("margin",)
 
     def __init__(
@@ -322,6 +391,7 @@ class EXACTLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.exact_loss)
+    check = staticmethod(check_exact)
     hyperparameter_names = ("sigma",)
     option_names = ("log", "n_nodes", "ignore_index", "reduction", "validate_args")
 
@@ -342,6 +412,11 @@ class EXACTLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+
+    def check_hyperparameters(self) -> None:
+        """As :meth:`FunctionalLoss.check_hyperparameters`, and ``log`` and ``n_nodes``."""
+        super().check_hyperparameters()
+        check_exact_options(log=self.log, n_nodes=self.n_nodes)
 
 
 class MultilabelCategoricalCrossEntropyLoss(FunctionalLoss):
@@ -384,6 +459,11 @@ class NMCategoricalCrossEntropyLoss(FunctionalLoss):
         self.variant = variant
         self.reduction = reduction
         self.validate_args = validate_args
+
+    def check_hyperparameters(self) -> None:
+        """As :meth:`FunctionalLoss.check_hyperparameters`, and ``variant``."""
+        super().check_hyperparameters()
+        check_nm(self.variant)
 
 
 class LinearTargetLoss(nn.Module):
@@ -451,7 +531,6 @@ class LinearTargetLoss(nn.Module):
             "gammas": gammas,
             "margin": margin,
         }
-        check_reduction(reduction)
         _, resolved = resolve_loss(loss, {k: v for k, v in given.items() if v is not None})
         self.loss = loss
         for name, value in resolved.items():
@@ -465,10 +544,34 @@ class LinearTargetLoss(nn.Module):
         self.reduction = reduction
         self.half_matmul = half_matmul
         self.validate_args = validate_args
+        self.check_hyperparameters()
 
     def hyperparameters(self) -> dict[str, Any]:
         """The current hyper-parameters of ``loss``, by name (e.g. ``{"gamma": 0.5, ...}``)."""
-        return {name: getattr(self, name) for name in LINEAR_TARGET_LOSSES[self.loss]}
+        return {name: getattr(self, name) for name in LINEAR_TARGET_LOSSES.get(self.loss, {})}
+
+    def check_hyperparameters(self) -> None:
+        """Check the current ``loss``, its hyper-parameters and the options as a call would.
+
+        The hyper-parameters go through the checks of the plain-logits loss of the same name;
+        ``class_weight`` must be 1-D (and finite and ``>= 0`` when ``validate_args``). Runs at
+        the end of the constructor; a schedule that assigns an attribute may call it.
+
+        Raises:
+            ValueError: unknown ``loss`` or a value out of range, naming the attribute.
+            TypeError: a value of the wrong type.
+        """
+        resolve_loss(self.loss, self.hyperparameters())
+        check_loss_options(
+            {
+                "reduction": self.reduction,
+                "ignore_index": self.ignore_index,
+                "validate_args": self.validate_args,
+                "class_weight": self.class_weight,
+            }
+        )
+        check_chunk_size(self.chunk_size)
+        check_flag("half_matmul", self.half_matmul)
 
     def forward(
         self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None

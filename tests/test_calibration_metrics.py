@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -499,7 +500,7 @@ def test_summary_gives_every_number_of_the_references_in_one_metric(task, input_
 
 def test_states_are_float64_sums_of_fixed_size():
     metric = cal.CalibrationError(n_bins=7)
-    metric.update(torch.rand(50, 3), torch.randint(0, 3, (50,)))
+    metric.update(torch.rand(50, 3).softmax(1), torch.randint(0, 3, (50,)))
     for name in ("count", "conf_sum", "correct_sum"):
         state = getattr(metric, name)
         assert state.dtype == torch.float64 and state.shape == (7,)
@@ -641,6 +642,128 @@ def test_validate_args_false_skips_value_checks_only():
     assert torch.isfinite(value)
     with pytest.raises(ValueError, match="norm"):
         cal.calibration_error(P3, T3, norm="l3", validate_args=False)
+
+
+# --- probabilities that are not distributions, non-finite logits, devices ------------------------
+
+PREDS_TARGET_FUNCTIONS = [
+    pytest.param(lambda p, t, **kw: cal.calibration_error(p, t, **kw), id="calibration_error"),
+    pytest.param(lambda p, t, **kw: cal.adaptive_calibration_error(p, t, **kw), id="adaptive"),
+    pytest.param(lambda p, t, **kw: cal.classwise_calibration_error(p, t, **kw), id="classwise"),
+    pytest.param(lambda p, t, **kw: cal.brier_score(p, t, **kw), id="brier_score"),
+    pytest.param(lambda p, t, **kw: cal.negative_log_likelihood(p, t, **kw), id="nll"),
+    pytest.param(lambda p, t, **kw: cal.accuracy(p, t, **kw), id="accuracy"),
+    pytest.param(lambda p, t, **kw: cal.mean_confidence(p, t, **kw), id="mean_confidence"),
+    pytest.param(lambda p, t, **kw: cal.confidence_and_correct(p, t, **kw), id="conf_correct"),
+]
+
+
+def metric_update(cls):
+    def update(preds, target, **kw):
+        if cls is cal.ClasswiseCalibrationError:
+            kw["num_classes"] = preds.shape[1] if preds.dim() == 2 else 2
+        metric = cls(**kw)
+        metric.update(preds, target)
+        return metric.compute()
+
+    return pytest.param(update, id=cls.__name__)
+
+
+METRIC_UPDATES = [
+    metric_update(cls)
+    for cls in (
+        cal.CalibrationError,
+        cal.AdaptiveCalibrationError,
+        cal.ClasswiseCalibrationError,
+        cal.BrierScore,
+        cal.NegativeLogLikelihood,
+        cal.Accuracy,
+        cal.MeanConfidence,
+        cal.CalibrationSummary,
+    )
+]
+
+
+def unnormalised_rows():
+    """Multiclass probabilities in [0, 1] whose row 2 sums to 0.5, the others to 1."""
+    preds = torch.tensor(
+        [[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.25, 0.2, 0.05], [0.3, 0.3, 0.4]],
+    )
+    return preds, torch.tensor([0, 1, 0, 2])
+
+
+@pytest.mark.parametrize("call", PREDS_TARGET_FUNCTIONS + METRIC_UPDATES)
+def test_multiclass_rows_must_sum_to_one(call):
+    preds, target = unnormalised_rows()
+    with pytest.raises(ValueError, match="preds must hold probabilities that sum to 1") as info:
+        call(preds, target)
+    message = str(info.value)
+    assert "a sum of 0.5" in message and "at [2]" in message and "logits" in message
+    preds[2, 2] = 0.55  # now a distribution
+    call(preds, target)
+    # validate_args=False skips the value checks (the formulas are applied as given)
+    preds[2, 2] = 0.05
+    call(preds, target, validate_args=False)
+
+
+def test_unnormalised_rows_example_from_the_issue():
+    # Rows that are not distributions used to give an ECE of 0.5 without a word.
+    preds = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.5, 0.0]])
+    target = torch.tensor([0, 1])
+    assert cal.calibration_error(preds, target, validate_args=False).item() == 0.5
+    with pytest.raises(ValueError, match="preds"):
+        cal.calibration_error(preds, target)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [(torch.float64, 1e-3), (torch.float32, 1e-3), (torch.float16, 4 * 2**-10)],
+)
+def test_row_sum_tolerance_follows_the_dtype(dtype, tolerance):
+    target = torch.tensor([0, 1])
+    inside = torch.tensor([[0.5, 0.5 - 0.8 * tolerance], [0.25, 0.75]], dtype=torch.float64)
+    outside = torch.tensor([[0.5, 0.5 - 1.5 * tolerance], [0.25, 0.75]], dtype=torch.float64)
+    cal.calibration_error(inside.to(dtype), target)
+    with pytest.raises(ValueError, match="preds"):
+        cal.calibration_error(outside.to(dtype), target)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("classes", [2, 10, 1000])
+def test_softmax_outputs_pass_the_row_sum_check(dtype, classes):
+    # softmax of logits in the dtype itself (float32 inside, one rounding per probability)
+    logits = 4 * torch.randn(64, classes, generator=torch.Generator().manual_seed(classes))
+    target = torch.randint(0, classes, (64,), generator=torch.Generator().manual_seed(1))
+    probs = torch.softmax(logits.to(dtype), dim=1)
+    assert torch.isfinite(cal.calibration_error(probs, target))
+    assert torch.isfinite(cal.brier_score(probs, target))
+
+
+def test_binary_and_multilabel_probabilities_need_not_sum_to_one():
+    preds = torch.tensor([[0.9, 0.9, 0.8], [0.1, 0.0, 0.2]])
+    labels = torch.tensor([[1, 1, 0], [0, 0, 1]])
+    assert torch.isfinite(cal.calibration_error(preds, labels))
+    assert torch.isfinite(cal.brier_score(preds[0], labels[0]))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("task", ["multiclass", "binary", "multilabel"])
+@pytest.mark.parametrize("call", PREDS_TARGET_FUNCTIONS + METRIC_UPDATES)
+def test_non_finite_logits_raise_naming_preds(call, task, bad):
+    _, logits, target = make_data(task, n=6, classes=3, seed=3)
+    logits.view(-1)[4] = bad
+    with pytest.raises(ValueError, match="preds must be finite logits") as info:
+        call(logits, target, input_format="logits")
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("call", PREDS_TARGET_FUNCTIONS + METRIC_UPDATES)
+def test_preds_and_target_on_two_devices(call):
+    preds, target = unnormalised_rows()
+    preds[2, 2] = 0.55
+    with pytest.raises(ValueError) as info:
+        call(preds, target.to("meta"))
+    assert "target is on meta but preds is on cpu; move them to one device" in str(info.value)
 
 
 # --- imports --------------------------------------------------------------------------------

@@ -359,3 +359,131 @@ def test_head_learnable_scale_trains():
     assert head.scale.grad is not None and float(head.scale.grad) < 0
     torch.optim.SGD(head.parameters(), lr=1.0).step()
     assert float(head.scale.detach()) > start
+
+
+# --- hyper-parameters are checked at construction and by check_hyperparameters -----------------
+
+NEGATIVE = torch.tensor([1.0, -1.0, 1.0, 1.0])
+# registry name -> [(attribute, bad value, name expected in the message)]
+BAD_VALUES = {
+    "ce": [("weight", NEGATIVE, "weight"), ("reduction", "Mean", "reduction")],
+    "gamma_ce": [("gamma", 2.0, "gamma"), ("threshold", -0.1, "threshold")],
+    "soft_accuracy": [("ignore_index", 1.5, "ignore_index"), ("weight", NEGATIVE, "weight")],
+    "focal": [("gamma", -1.0, "gamma"), ("alpha", NEGATIVE, "alpha"), ("reduction", "Mean", "")],
+    "adaptive_focal": [("gammas", (5.0, -3.0), "gammas"), ("thresholds", (1.5,), "thresholds")],
+    "hard_truncated": [("margin", 1.5, "margin"), ("margin", float("nan"), "margin")],
+    "soft_truncated": [("k", -1.0, "k"), ("k", float("inf"), "k")],
+    "binary_focal": [("alpha", 1.5, "alpha"), ("gamma", float("nan"), "gamma")],
+    "binary_soft_truncated": [("k", -0.5, "k"), ("reduction", None, "reduction")],
+    "binary_hard_truncated": [("margin", -0.1, "margin")],
+    "exact": [("sigma", 0.0, "sigma"), ("n_nodes", 1, "n_nodes"), ("log", "yes", "log")],
+    "multilabel_ce": [("reduction", "avg", "reduction"), ("ignore_index", None, "ignore_index")],
+    "nm_ce": [("variant", "symmetric", "variant")],
+}
+BAD_CASES = [
+    pytest.param(name, attribute, value, match, id=f"{name}-{attribute}-{value!r}")
+    for name, cases in BAD_VALUES.items()
+    for attribute, value, match in cases
+]
+
+
+def test_every_registered_loss_has_bad_values():
+    assert set(BAD_VALUES) == set(NAMES)
+
+
+@pytest.mark.parametrize(("name", "attribute", "value", "match"), BAD_CASES)
+def test_bad_value_fails_at_construction(name, attribute, value, match):
+    # GammaCrossEntropyLoss(gamma=2.0) and FocalLoss(reduction="Mean") used to be accepted
+    # and fail only at the first call.
+    with pytest.raises((ValueError, TypeError), match=match or attribute):
+        get_loss(name, **{attribute: value})
+
+
+@pytest.mark.parametrize(("name", "attribute", "value", "match"), BAD_CASES)
+def test_check_hyperparameters_reads_the_current_values(name, attribute, value, match):
+    # What a schedule does: assign the attribute of a copy, then check it. The copy fails,
+    # naming the attribute; the criterion itself is untouched; the call checks again.
+    class_name, _, kind, kwargs, _ = SPECS[name]
+    criterion = getattr(LL, class_name)(**kwargs)
+    assert criterion.check_hyperparameters() is None
+    trial = copy.deepcopy(criterion)
+    setattr(trial, attribute, value)
+    with pytest.raises((ValueError, TypeError), match=match or attribute):
+        trial.check_hyperparameters()
+    assert criterion.check_hyperparameters() is None
+    x, t = inputs(kind)
+    with pytest.raises((ValueError, TypeError), match=match or attribute):
+        trial(x, t)
+
+
+def test_check_runs_after_the_constructor_of_a_subclass():
+    # The check runs once the constructor of the object's own class has returned, so a user
+    # subclass may set attributes after calling super().__init__ and check them too.
+    class ScaledFocal(LL.FocalLoss):
+        def __init__(self, *, factor: float = 1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def check_hyperparameters(self) -> None:
+            super().check_hyperparameters()
+            if self.factor <= 0:
+                raise ValueError(f"factor must be > 0; got {self.factor}")
+
+    assert ScaledFocal(factor=2.0, gamma=1.0).factor == 2.0
+    with pytest.raises(ValueError, match="factor"):
+        ScaledFocal(factor=0.0)
+    with pytest.raises(ValueError, match="gamma"):
+        ScaledFocal(gamma=-1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"loss": "gamma_ce", "gamma": 2.0}, "gamma"),
+        ({"loss": "focal", "gamma": -1.0}, "gamma"),
+        ({"loss": "hard_truncated", "margin": 1.5}, "margin"),
+        ({"loss": "xent"}, "loss"),
+        ({"loss": "ce", "reduction": "avg"}, "reduction"),
+        ({"loss": "ce", "class_weight": [1.0, -1.0]}, "class_weight"),
+        ({"loss": "ce", "chunk_size": 0}, "chunk_size"),
+        ({"loss": "ce", "half_matmul": "yes"}, "half_matmul"),
+        ({"loss": "ce", "ignore_index": 0.5}, "ignore_index"),
+    ],
+)
+def test_linear_target_loss_module_checks_at_construction(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        LL.LinearTargetLoss(**kwargs)
+
+
+def test_linear_target_loss_module_check_hyperparameters():
+    criterion = LL.LinearTargetLoss("gamma_ce", gamma=0.5)
+    assert criterion.check_hyperparameters() is None
+    criterion.gamma = 1.5
+    with pytest.raises(ValueError, match="gamma"):
+        criterion.check_hyperparameters()
+    hidden, weight = torch.randn(3, 2), torch.randn(4, 2)
+    with pytest.raises(ValueError, match="gamma"):
+        criterion(hidden, weight, torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"margin": float("nan"), "kind": "cosface"}, "margin"),
+        ({"margin": -0.1, "kind": "arcface"}, "margin"),
+        ({"scale": float("inf")}, "scale"),
+        ({"kind": "sphereface"}, "kind"),
+    ],
+)
+def test_head_checks_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LL.NormFaceHead(3, 4, **kwargs)
+
+
+def test_head_checks_assigned_values_at_the_call():
+    head = LL.NormFaceHead(3, 4, scale=2.0, margin=0.2, kind="cosface")
+    head.margin = -0.5
+    with pytest.raises(ValueError, match="margin"):
+        head.check_hyperparameters()
+    with pytest.raises(ValueError, match="margin"):
+        head(torch.randn(2, 3), torch.tensor([0, 1]))

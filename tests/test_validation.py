@@ -23,6 +23,7 @@ from lightning_losses.functional import (
     focal_loss,
     gamma_cross_entropy,
     hard_truncated_loss,
+    linear_target_loss,
     multilabel_categorical_crossentropy,
     nm_categorical_crossentropy,
     normface_min_scale,
@@ -502,3 +503,233 @@ def test_unknown_loss_name(name):
     assert repr(name) in message or f'"{name}"' in message
     for available in available_losses():
         assert available in message
+
+
+# --- class weights and alpha: finite and >= 0 ---------------------------------------------------
+
+WEIGHTED_LOSSES = [
+    pytest.param(cross_entropy, "weight", id="cross_entropy"),
+    pytest.param(gamma_cross_entropy, "weight", id="gamma_cross_entropy"),
+    pytest.param(soft_accuracy_loss, "weight", id="soft_accuracy_loss"),
+    pytest.param(hard_truncated_loss, "weight", id="hard_truncated_loss"),
+    pytest.param(soft_truncated_loss, "weight", id="soft_truncated_loss"),
+    pytest.param(focal_loss, "alpha", id="focal_loss"),
+    pytest.param(adaptive_focal_loss, "alpha", id="adaptive_focal_loss"),
+]
+
+
+@pytest.mark.parametrize(("fn", "name"), WEIGHTED_LOSSES)
+@pytest.mark.parametrize("bad", [-1.0, -(2.0**-40), math.nan, math.inf])
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["tensor", "list"])
+def test_negative_or_non_finite_class_weight(fn, name, bad, as_tensor):
+    x, t = index_inputs()
+    vector = [1.0, bad, 0.5, 2.0]
+    with pytest.raises(ValueError, match=rf"{name} must hold finite weights >= 0") as info:
+        fn(x, t, **{name: torch.tensor(vector) if as_tensor else vector})
+    assert "class 1" in str(info.value) and repr(bad) in str(info.value)
+
+
+def test_negative_weight_example_from_the_issue():
+    # A negative weight used to give a negative cross-entropy (-19.3 here, where the weights'
+    # intent is unclear and F.cross_entropy gives 2.42); it is an error now.
+    x = torch.tensor([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
+    t = torch.tensor([0, 1])
+    weight = torch.tensor([1.0, -0.9, 1.0])
+    with pytest.raises(ValueError, match="weight"):
+        cross_entropy(x, t, weight=weight)
+    with pytest.raises(ValueError, match="alpha"):
+        focal_loss(x, t, alpha=weight)
+
+
+@pytest.mark.parametrize(("fn", "name"), WEIGHTED_LOSSES)
+def test_validate_args_false_skips_the_weight_values(fn, name):
+    # The value check reads the tensor (a device synchronisation); validate_args=False skips
+    # it like the other value checks, and the formula is applied with the weights as given.
+    x, t = index_inputs()
+    t[:] = torch.tensor([0, 1, 2, 3, 0, 1])
+    vector = torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64)
+    value = fn(x, t, **{name: vector}, reduction="none", validate_args=False)
+    plain = fn(x, t, reduction="none")
+    torch.testing.assert_close(value, plain * vector[t])
+
+
+@pytest.mark.parametrize(("fn", "name"), WEIGHTED_LOSSES)
+def test_weights_of_the_present_classes_summing_to_zero_give_zero(fn, name):
+    # "mean" divides by the sum of the weights of the non-ignored targets (focal: by their
+    # number); with every present class weighted 0 the mean is 0 with a zero gradient, as for a
+    # batch whose targets are all ignored.
+    x = torch.randn(6, 4, generator=gen(7), dtype=torch.float64).requires_grad_()
+    t = torch.tensor([0, 2, 2, 0, -100, 2])
+    vector = torch.tensor([0.0, 1.0, 0.0, 3.0], dtype=torch.float64)
+    for reduction in ("mean", "sum"):
+        value = fn(x, t, **{name: vector}, reduction=reduction)
+        (grad,) = torch.autograd.grad(value, x)
+        assert value.item() == 0.0
+        assert torch.all(grad == 0)
+
+
+# --- NaN and infinite logits --------------------------------------------------------------------
+
+
+def all_loss_calls(x_index, t_index, x_soft, y_soft):
+    """(name, call) for every loss of lightning_losses.functional, on the given inputs."""
+    s = x_index.reshape(x_index.shape[0], 2, -1)
+    return [
+        *[(case.id, lambda fn=case.values[0]: fn(x_index, t_index)) for case in INDEX_LOSSES],
+        *[(case.id, lambda fn=case.values[0]: fn(x_soft, y_soft)) for case in FLOAT_TARGET_LOSSES],
+        ("nm", lambda: nm_categorical_crossentropy(s, t_index[:, None].repeat(1, 2) % 2)),
+    ]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_finite_logits_raise_naming_logits(bad, dtype):
+    x, t = index_inputs()
+    x, t = x.to(dtype), t % 2  # every loss gets its own valid target
+    xs, ys = soft_inputs((6, 4))
+    x[4, 1] = bad
+    xs = xs.to(dtype)
+    xs[4, 1] = bad
+    for name, call in all_loss_calls(x, t, xs, ys.to(dtype)):
+        with pytest.raises(ValueError, match="logits must be finite") as info:
+            call()
+        assert "logits[4, 1]" in str(info.value) or "logits[4, 0, 1]" in str(info.value), name
+
+
+def test_non_finite_logits_pass_through_without_validation():
+    # validate_args=False skips the check (it reads every logit): the NaN reaches the result.
+    x, t = index_inputs()
+    x[2, 0] = math.nan
+    assert torch.isnan(cross_entropy(x, t, validate_args=False))
+    assert torch.isnan(focal_loss(x, t, reduction="none", validate_args=False)[2])
+
+
+def test_non_finite_features_raise_naming_features():
+    f = torch.randn(4, 3, dtype=torch.float64)
+    f[1, 2] = math.inf
+    with pytest.raises(ValueError, match="features must be finite"):
+        feature_incay(f)
+    # a row so small that 1/||f||^2 overflows float32 is an error too, not a silent inf
+    tiny = torch.randn(4, 3)
+    tiny[2] = 1e-20  # norm 1.7e-20: 1/||f||^2 = 3e39 > float32's largest, 3.4e38
+    with pytest.raises(ValueError, match="features") as info:
+        feature_incay(tiny)
+    assert "row [2]" in str(info.value)
+
+
+# --- n-by-m soft labels sum to 1 per task --------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["pairwise", "centered"])
+def test_nm_soft_labels_must_sum_to_one_per_task(variant):
+    s = torch.randn(3, 2, 4, dtype=torch.float64)
+    t = torch.softmax(torch.randn(3, 2, 4, generator=gen(8), dtype=torch.float64), -1)
+    nm_categorical_crossentropy(s, t, variant=variant)  # a distribution per task: fine
+    bad = t.clone()
+    bad[1, 0] = torch.tensor([0.2, 0.2, 0.2, 0.2], dtype=torch.float64)  # sums to 0.8
+    with pytest.raises(ValueError, match="target must hold probabilities that sum to 1") as info:
+        nm_categorical_crossentropy(s, bad, variant=variant)
+    assert "0.8" in str(info.value) and "[1, 0]" in str(info.value)
+    # skipped with validate_args=False (the formula is then applied to the labels as given)
+    assert torch.isfinite(nm_categorical_crossentropy(s, bad, variant=variant, validate_args=False))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [(torch.float64, 1e-3), (torch.float32, 1e-3), (torch.float16, 4 * 2**-10)],
+)
+def test_nm_soft_label_sum_tolerance(dtype, tolerance):
+    s = torch.zeros(1, 1, 2, dtype=torch.float64)
+    inside = torch.tensor([[[0.5, 0.5 + 0.9 * tolerance]]], dtype=torch.float64).to(dtype)
+    outside = torch.tensor([[[0.5, 0.5 + 1.5 * tolerance]]], dtype=torch.float64).to(dtype)
+    assert torch.isfinite(nm_categorical_crossentropy(s.to(dtype), inside))
+    with pytest.raises(ValueError, match="target"):
+        nm_categorical_crossentropy(s.to(dtype), outside)
+
+
+# --- tensors on two devices -----------------------------------------------------------------------
+
+
+def assert_device_error(call, name, other):
+    """The call raises ValueError naming both tensors and both devices (meta stands in for
+    an accelerator: no GPU is needed to put a tensor on another device)."""
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert f"{name} is on meta" in message and f"{other} is on cpu" in message, message
+    assert "one device" in message
+
+
+@pytest.mark.parametrize("fn", INDEX_LOSSES)
+def test_index_target_on_another_device(fn):
+    x, t = index_inputs()
+    assert_device_error(lambda: fn(x, t.to("meta")), "target", "logits")
+
+
+@pytest.mark.parametrize(("fn", "name"), WEIGHTED_LOSSES)
+def test_class_weight_on_another_device(fn, name):
+    x, t = index_inputs()
+    vector = torch.ones(4, dtype=torch.float64, device="meta")
+    assert_device_error(lambda: fn(x, t, **{name: vector}), name, "logits")
+
+
+@pytest.mark.parametrize("fn", FLOAT_TARGET_LOSSES)
+def test_soft_target_on_another_device(fn):
+    x, y = soft_inputs()
+    assert_device_error(lambda: fn(x, y.to("meta")), "target", "logits")
+
+
+def test_nm_and_exact_tensors_on_another_device():
+    s = torch.randn(3, 2, 4, dtype=torch.float64)
+    index = torch.zeros(3, 2, dtype=torch.long)
+    assert_device_error(
+        lambda: nm_categorical_crossentropy(s, index.to("meta")), "target", "logits"
+    )
+    soft = torch.full((3, 2, 4), 0.25, dtype=torch.float64, device="meta")
+    assert_device_error(lambda: nm_categorical_crossentropy(s, soft), "target", "logits")
+    x, t = index_inputs()
+    sigma = torch.ones(6, dtype=torch.float64, device="meta")
+    assert_device_error(lambda: exact_loss(x, t, sigma=sigma), "sigma", "logits")
+
+
+def linear_inputs():
+    hidden = torch.randn(5, 3, generator=gen(9), dtype=torch.float64)
+    weight = torch.randn(4, 3, generator=gen(10), dtype=torch.float64)
+    return hidden, weight, torch.tensor([0, 3, -100, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("name", "other"),
+    [("weight", "hidden"), ("bias", "hidden"), ("target", "hidden"), ("class_weight", "weight")],
+)
+def test_linear_target_loss_tensors_on_another_device(name, other):
+    # hidden sets the device of the call; the class weights must be on the output weight's
+    hidden, weight, target = linear_inputs()
+    tensors = {"weight": weight, "target": target}
+    tensors["bias"] = torch.zeros(4, dtype=torch.float64)
+    tensors["class_weight"] = torch.ones(4, dtype=torch.float64)
+    tensors[name] = tensors[name].to("meta")
+    assert_device_error(lambda: linear_target_loss(hidden, loss="ce", **tensors), name, other)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_linear_target_loss_class_weight_values(bad):
+    hidden, weight, target = linear_inputs()
+    class_weight = [1.0, 1.0, bad, 0.5]
+    with pytest.raises(ValueError, match="class_weight must hold finite weights >= 0"):
+        linear_target_loss(hidden, weight, target, loss="ce", class_weight=class_weight)
+    # skipped with validate_args=False, as the other value checks
+    linear_target_loss(
+        hidden, weight, target, loss="ce", class_weight=class_weight, validate_args=False
+    )
+
+
+@pytest.mark.parametrize("name", ["hidden", "weight", "bias"])
+def test_linear_target_loss_non_finite_inputs(name):
+    hidden, weight, target = linear_inputs()
+    tensors = {"hidden": hidden, "weight": weight, "bias": torch.zeros(4, dtype=torch.float64)}
+    tensors[name][1] = math.nan
+    with pytest.raises(ValueError, match=rf"{name} must be finite"):
+        linear_target_loss(
+            tensors["hidden"], tensors["weight"], target, bias=tensors["bias"], loss="focal"
+        )

@@ -157,7 +157,8 @@ class CalibrationError(_EqualWidthMetric):
         input_format: ``"probs"`` or ``"logits"``.
         task: ``None`` (inferred from shapes per batch), ``"multiclass"``, ``"binary"``,
             ``"multilabel"``.
-        validate_args: check target values and that probabilities lie in [0, 1].
+        validate_args: check target values, that probabilities lie in [0, 1] with multiclass
+            rows summing to 1 and that logits are finite (as the functions do).
         kwargs: passed to ``torchmetrics.Metric``.
 
     Example:

@@ -120,7 +120,11 @@ class _FusedTargetProbability(torch.autograd.Function):
 
 
 def target_log_prob(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
-    """``log softmax(logits)[t]`` per element, ``[N, *]``, in float32 at least; 0 where ignored."""
+    """``log softmax(logits)[t]`` per element, ``[N, *]``, in float32 at least; 0 where ignored.
+
+    ``target`` may hold any integer dtype (PyTorch's kernel wants int64: it gets a copy).
+    """
+    target = target.long()
     log_p = -F.cross_entropy(logits, target, reduction="none", ignore_index=ignore_index)
     return log_p.to(compute_dtype(logits.dtype))
 
@@ -148,6 +152,7 @@ def target_probability_loss(
     phi: Phi,
     *,
     weight: Tensor | None = None,
+    weight_name: str = "weight",
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
@@ -159,16 +164,19 @@ def target_probability_loss(
         logits: ``[N, C, *]`` unnormalised scores.
         target: ``[N, *]`` class indices, or ``ignore_index``.
         phi: ``phi(log_p, **hyperparameters) -> (value, derivative)``.
-        weight: optional per-class factor ``[C]``. ``"mean"`` then divides by the sum of the
-            weights of the non-ignored elements, as :func:`torch.nn.functional.cross_entropy`.
+        weight: optional per-class factor ``[C]``, finite and ``>= 0``. ``"mean"`` then divides
+            by the sum of the weights of the non-ignored elements, as
+            :func:`torch.nn.functional.cross_entropy` (0 when that sum is 0).
+        weight_name: the caller's name of ``weight``, for error messages (focal: ``alpha``).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
-        validate_args: check target values (costs a device synchronisation).
+        validate_args: check target values, that the logits are finite and that the weights
+            are finite and ``>= 0`` (costs a device synchronisation).
         **hyperparameters: passed to ``phi``.
     """
     check_reduction(reduction)
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
-    weight = check_class_vector("weight", weight, logits)
+    weight = check_class_vector(weight_name, weight, logits, validate_args=validate_args)
     valid = target != ignore_index
     if logits.dim() == 2:
         safe_target = torch.where(valid, target, 0)

@@ -13,6 +13,15 @@ from torch import Tensor
 
 from ._core import compute_dtype, reduce_loss
 from ._validation import check_range, check_reduction, check_soft_target
+from .target_probability import check_focal, check_hard_truncated
+from .truncation import check_soft_truncated
+
+
+def check_binary_focal(gamma: float, alpha: float | None) -> None:
+    """``gamma >= 0`` (as :func:`check_focal`) and ``alpha`` in ``[0, 1]`` or ``None``."""
+    check_focal(gamma)
+    if alpha is not None:
+        check_range("alpha", alpha, low=0.0, high=1.0)
 
 
 def _prepare(logits: Tensor, target: Tensor, reduction: str, validate_args: bool):
@@ -50,15 +59,13 @@ def binary_focal_loss(
         alpha: weight of the positive term in ``[0, 1]`` (the negative gets ``1 - alpha``);
             ``None`` weights both by 1.
         reduction: ``"none"``, ``"mean"`` (over all elements) or ``"sum"``.
-        validate_args: check that the targets lie in ``[0, 1]``.
+        validate_args: check that the targets lie in ``[0, 1]`` and the logits are finite.
 
     Example:
         >>> binary_focal_loss(torch.tensor([2.0, -1.0]), torch.tensor([1.0, 1.0]), reduction="none")
         tensor([0.0018, 0.7019])
     """
-    check_range("gamma", gamma, low=0.0)
-    if alpha is not None:
-        check_range("alpha", alpha, low=0.0, high=1.0)
+    check_binary_focal(gamma, alpha)
     x, y = _prepare(logits, target, reduction, validate_args)
     log_s, log_not_s = F.logsigmoid(x), F.logsigmoid(-x)
     positive = -torch.exp(gamma * log_not_s) * log_s
@@ -86,7 +93,7 @@ def binary_soft_truncated_loss(
         target: float targets in ``[0, 1]`` of the same shape.
         k: sharpness, ``>= 0``.
         reduction: ``"none"``, ``"mean"`` (over all elements) or ``"sum"``.
-        validate_args: check that the targets lie in ``[0, 1]``.
+        validate_args: check that the targets lie in ``[0, 1]`` and the logits are finite.
 
     Example:
         >>> binary_soft_truncated_loss(
@@ -94,7 +101,7 @@ def binary_soft_truncated_loss(
         ... )
         tensor([0.0151, 0.0842])
     """
-    check_range("k", k, low=0.0)
+    check_soft_truncated(k)  # the range of the softmax soft truncation
     x, y = _prepare(logits, target, reduction, validate_args)
     positive = -torch.sigmoid(-k * x) * F.logsigmoid(x)
     negative = -torch.sigmoid(k * x) * F.logsigmoid(-x)
@@ -119,7 +126,7 @@ def binary_hard_truncated_loss(
         target: float targets in ``[0, 1]`` of the same shape.
         margin: in ``[0, 1]``.
         reduction: ``"none"``, ``"mean"`` (over all elements) or ``"sum"``.
-        validate_args: check that the targets lie in ``[0, 1]``.
+        validate_args: check that the targets lie in ``[0, 1]`` and the logits are finite.
 
     Example:
         >>> binary_hard_truncated_loss(
@@ -127,7 +134,7 @@ def binary_hard_truncated_loss(
         ... )
         tensor([0.0000, 1.3133])
     """
-    check_range("margin", margin, low=0.0, high=1.0)
+    check_hard_truncated(margin)  # the range of the softmax hard truncation
     x, y = _prepare(logits, target, reduction, validate_args)
     s = torch.sigmoid(x)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)

@@ -22,7 +22,13 @@ import torch
 from torch import Tensor
 
 from ._core import compute_dtype, reduce_loss
-from ._validation import check_index_target, check_range, check_reduction
+from ._validation import (
+    check_flag,
+    check_index_target,
+    check_range,
+    check_reduction,
+    check_same_device,
+)
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
@@ -116,6 +122,31 @@ class _ExactLogProb(torch.autograd.Function):
         return grad_logits, grad_sigma, None, None
 
 
+def check_exact(sigma: float | Tensor) -> None:
+    """``sigma`` of EXACT: a finite float ``> 0`` (a per-sample tensor is checked by the loss)."""
+    if not isinstance(sigma, Tensor):
+        check_range("sigma", sigma, low=0.0, low_open=True)
+
+
+def check_exact_options(*, log: bool, n_nodes: int) -> None:
+    """``log`` a bool, ``n_nodes`` an integer ``>= 2``."""
+    check_flag("log", log)
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 2:
+        raise ValueError(f"n_nodes must be an integer >= 2; got {n_nodes!r}")
+
+
+def _check_sigma_tensor(sigma: Tensor, logits: Tensor, validate_args: bool) -> None:
+    """A tensor ``sigma``: a scalar or ``[N]``, on the logits' device, finite and ``> 0``."""
+    if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] != logits.shape[0]):
+        raise ValueError(
+            f"sigma must be a float, a scalar tensor or a tensor of shape [{logits.shape[0]}]"
+            f" (one per sample); got shape {list(sigma.shape)}"
+        )
+    check_same_device("sigma", sigma, "logits", logits)
+    if validate_args and not bool(((sigma > 0) & torch.isfinite(sigma)).all()):
+        raise ValueError("sigma must be finite and positive; found a value <= 0, NaN or inf")
+
+
 def exact_log_probability(
     logits: Tensor, target: Tensor, *, sigma: float | Tensor = 1.0, n_nodes: int = 32
 ) -> Tensor:
@@ -149,14 +180,15 @@ def exact_loss(
     Args:
         logits: ``[N, C]`` scores.
         target: ``[N]`` class indices in ``[0, C)`` or ``ignore_index``.
-        sigma: noise scale, a float ``> 0`` or a positive per-sample tensor ``[N]`` (the
-            paper's scalar network; gradients flow into it).
+        sigma: noise scale, a finite float ``> 0`` or a positive per-sample tensor ``[N]`` on
+            the logits' device (the paper's scalar network; gradients flow into it).
         log: return ``-log P`` instead of ``1 - P``.
         n_nodes: Gauss–Hermite nodes (32 agree with adaptive quadrature to 1e-7 on
             10-class logits of scale 3).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values and that a tensor ``sigma`` is positive.
+        validate_args: check target values, finite logits and that a tensor ``sigma`` is
+            finite and positive.
 
     Example:
         >>> logits = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
@@ -164,21 +196,13 @@ def exact_loss(
         tensor([0.2398, 0.5000])
     """
     check_reduction(reduction)
+    check_exact(sigma)
+    check_exact_options(log=log, n_nodes=n_nodes)
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [N, C] for EXACT; got {list(logits.shape)}")
-    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 2:
-        raise ValueError(f"n_nodes must be an integer >= 2; got {n_nodes!r}")
     if isinstance(sigma, Tensor):
-        if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] != logits.shape[0]):
-            raise ValueError(
-                f"sigma must be a float, a scalar tensor or a tensor of shape [{logits.shape[0]}]"
-                f" (one per sample); got shape {list(sigma.shape)}"
-            )
-        if validate_args and bool((sigma <= 0).any()):
-            raise ValueError("sigma must be positive; found a value <= 0")
-    else:
-        check_range("sigma", sigma, low=0.0, low_open=True)
+        _check_sigma_tensor(sigma, logits, validate_args)
     valid = target != ignore_index
     log_p = exact_log_probability(
         logits, torch.where(valid, target, 0), sigma=sigma, n_nodes=n_nodes

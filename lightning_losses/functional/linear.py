@@ -35,8 +35,21 @@ import torch
 from torch import Tensor
 
 from ._core import Phi, compute_dtype
-from ._validation import check_range, check_reduction
-from .target_probability import FAMILY, check_adaptive_focal, check_gamma_ce
+from ._validation import (
+    check_class_indices,
+    check_class_weights,
+    check_finite,
+    check_ignore_index,
+    check_reduction,
+    check_same_device,
+)
+from .target_probability import (
+    FAMILY,
+    check_adaptive_focal,
+    check_focal,
+    check_gamma_ce,
+    check_hard_truncated,
+)
 
 __all__ = [
     "LINEAR_TARGET_LOSSES",
@@ -55,11 +68,12 @@ LINEAR_TARGET_LOSSES: dict[str, dict[str, Any]] = {
     "hard_truncated": {"margin": 0.5},
 }
 
+#: The checks of the plain-logits losses, by name: the ranges are the same.
 _CHECKS: dict[str, Callable[..., None]] = {
     "gamma_ce": check_gamma_ce,
-    "focal": lambda gamma: check_range("gamma", gamma, low=0.0),
+    "focal": check_focal,
     "adaptive_focal": check_adaptive_focal,
-    "hard_truncated": lambda margin: check_range("margin", margin, low=0.0, high=1.0),
+    "hard_truncated": check_hard_truncated,
 }
 
 #: Bytes of one chunk's float32 logits that :func:`default_chunk_size` aims at.
@@ -142,20 +156,35 @@ def default_chunk_size(
 # --- inputs -----------------------------------------------------------------------------------
 
 
-def _check_class_weight(class_weight: Any, weight: Tensor) -> Tensor | None:
-    """``class_weight`` as a ``[V]`` tensor on the weight's device, or ``None``."""
+def check_chunk_size(chunk_size: int | None) -> None:
+    """``chunk_size``: ``None`` or a positive integer."""
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
+
+
+def _check_class_weight(class_weight: Any, weight: Tensor, validate_args: bool) -> Tensor | None:
+    """``class_weight`` as a ``[V]`` float tensor on the weight's device, or ``None``; with
+    ``validate_args`` its values must be finite and ``>= 0``."""
     if class_weight is None:
         return None
     vocab = weight.shape[0]
-    # A Python sequence keeps its float64 precision until the compute dtype is known.
-    dtype = None if isinstance(class_weight, Tensor) else torch.float64
-    vector = torch.as_tensor(class_weight, dtype=dtype, device=weight.device)
-    if vector.dim() != 1 or vector.shape[0] != vocab or not vector.is_floating_point():
+    if isinstance(class_weight, Tensor):
+        check_same_device("class_weight", class_weight, "weight", weight)
+    else:  # a Python sequence keeps its float64 precision until the compute dtype is known
+        class_weight = torch.as_tensor(class_weight, dtype=torch.float64)
+    if (
+        class_weight.dim() != 1
+        or class_weight.shape[0] != vocab
+        or not class_weight.is_floating_point()
+    ):
         raise ValueError(
             f"class_weight must be a float vector of one weight per class (shape [{vocab}]); "
-            f"got {vector.dtype} of shape {list(vector.shape)}"
+            f"got {class_weight.dtype} of shape {list(class_weight.shape)}"
         )
-    return vector
+    check_class_weights("class_weight", class_weight, validate_args=validate_args)
+    return class_weight.to(weight.device)
 
 
 def _check_inputs(
@@ -166,9 +195,11 @@ def _check_inputs(
     ignore_index: int,
     validate_args: bool,
 ) -> None:
-    for name, tensor in (("hidden", hidden), ("weight", weight), ("bias", bias)):
-        if tensor is None:
-            continue
+    check_ignore_index(ignore_index)
+    floats = [("hidden", hidden), ("weight", weight)] + (
+        [("bias", bias)] if bias is not None else []
+    )
+    for name, tensor in floats:
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
         if not tensor.is_floating_point():
@@ -195,14 +226,12 @@ def _check_inputs(
             f"target must have shape {list(hidden.shape[:-1])} to match hidden of shape "
             f"{list(hidden.shape)}; got {list(target.shape)}"
         )
-    if validate_args and target.numel() > 0:
-        vocab = weight.shape[0]
-        bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
-        if bool(bad.any()):
-            raise ValueError(
-                f"target values must lie in [0, {vocab - 1}] (V={vocab} classes) or equal "
-                f"ignore_index={ignore_index}; found {int(target[bad].flatten()[0])}"
-            )
+    for name, tensor in [*floats[1:], ("target", target)]:
+        check_same_device(name, tensor, "hidden", hidden)
+    if validate_args:
+        check_class_indices("target", target, weight.shape[0], ignore_index=ignore_index)
+        for name, tensor in floats:
+            check_finite(name, tensor)
 
 
 # --- the chunked computation --------------------------------------------------------------------
@@ -599,8 +628,9 @@ def linear_target_loss(
         loss: a name of the family: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``,
             ``adaptive_focal``, ``hard_truncated``.
         bias: optional ``[V]`` output bias.
-        class_weight: optional ``[V]`` float weight per class: row ``i`` counts ``w[t_i]``
-            times, and ``"mean"`` divides by the sum of the weights of the non-ignored rows,
+        class_weight: optional ``[V]`` float weight per class, finite and ``>= 0``: row ``i``
+            counts ``w[t_i]`` times, and ``"mean"`` divides by the sum of the weights of the
+            non-ignored rows (0 when that sum is 0),
             as ``weight`` of :func:`torch.nn.functional.cross_entropy` and of the plain-logits
             losses. (Focal's ``alpha`` weighs rows alike, but its ``"mean"`` divides by the
             number of rows: use ``"sum"`` and divide yourself for that.)
@@ -613,8 +643,9 @@ def linear_target_loss(
             products in that precision (faster where the hardware has half matrix units: 1.75x
             for bfloat16 on a CPU with AMX; logits and gradients then carry half rounding).
             No effect on float32 and float64 inputs.
-        validate_args: check target values (one device synchronisation). Finding the
-            non-ignored rows synchronises once in any case.
+        validate_args: check target values, that ``hidden``, ``weight`` and ``bias`` are
+            finite and that ``class_weight`` is finite and ``>= 0`` (device synchronisations).
+            Finding the non-ignored rows synchronises once in any case.
         **hyperparameters: the loss's keywords above, checked as in the plain-logits loss.
 
     Example:
@@ -630,12 +661,9 @@ def linear_target_loss(
     """  # noqa: E501
     check_reduction(reduction)
     phi, resolved = resolve_loss(loss, hyperparameters)
+    check_chunk_size(chunk_size)
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args)
-    class_weight = _check_class_weight(class_weight, weight)
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
+    class_weight = _check_class_weight(class_weight, weight, validate_args)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_target = target.reshape(-1)
     grad_enabled = torch.is_grad_enabled()

@@ -11,7 +11,24 @@ import torch
 from torch import Tensor
 
 from ._core import compute_dtype, reduce_loss
-from ._validation import check_logits, check_reduction, check_soft_target
+from ._validation import (
+    check_choice,
+    check_class_indices,
+    check_finite,
+    check_ignore_index,
+    check_logits,
+    check_reduction,
+    check_same_device,
+    check_soft_target,
+    check_sums_to_one,
+)
+
+NM_VARIANTS = ("pairwise", "centered")
+
+
+def check_nm(variant: str) -> None:
+    """``variant`` of the n-by-m loss: ``"pairwise"`` or ``"centered"``."""
+    check_choice("variant", variant, NM_VARIANTS)
 
 
 def _log1p_sum_exp(terms: Tensor, dim: int) -> Tensor:
@@ -45,7 +62,7 @@ def multilabel_categorical_crossentropy(
         ignore_index: label value left out of the loss; a row with every label ignored is an
             error.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check label values and rows that are all ignored.
+        validate_args: check label values, rows that are all ignored and finite logits.
 
     Example:
         >>> logits = torch.tensor([[3.0, -2.0, 0.5], [0.0, 0.0, 0.0]])
@@ -54,6 +71,7 @@ def multilabel_categorical_crossentropy(
         tensor([0.6315, 1.3863])
     """
     check_reduction(reduction)
+    check_ignore_index(ignore_index)
     check_logits(logits)
     check_soft_target(logits, target, validate_args=validate_args, ignore_index=ignore_index)
     dtype = compute_dtype(logits.dtype)
@@ -96,10 +114,13 @@ def nm_categorical_crossentropy(
 
     Args:
         logits: ``[N, n, m]`` scores, ``m >= 2``.
-        target: ``[N, n, m]`` soft labels in ``[0, 1]`` or ``[N, n]`` class indices in ``[0, m)``.
+        target: ``[N, n, m]`` soft labels in ``[0, 1]``, each task's ``m`` labels summing to 1
+            (within :func:`~lightning_losses.functional._validation.sum_tolerance`: 1e-3 for
+            float32), or ``[N, n]`` class indices in ``[0, m)``.
         variant: ``"pairwise"`` or ``"centered"``.
         reduction: ``"none"`` (shape ``[N]``), ``"mean"`` or ``"sum"``.
-        validate_args: check label values.
+        validate_args: check label values, that soft labels sum to 1 per task and that the
+            logits are finite.
 
     Example:
         >>> s = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
@@ -107,8 +128,7 @@ def nm_categorical_crossentropy(
         tensor([0.7910])
     """
     check_reduction(reduction)
-    if variant not in ("pairwise", "centered"):
-        raise ValueError(f"variant must be 'pairwise' or 'centered'; got {variant!r}")
+    check_nm(variant)
     check_logits(logits, min_dim=3)
     if logits.dim() != 3 or logits.shape[2] < 2:
         raise ValueError(f"logits must have shape [N, n, m] with m >= 2; got {list(logits.shape)}")
@@ -119,11 +139,16 @@ def nm_categorical_crossentropy(
                 f"integer target must have shape {list(logits.shape[:2])} (one class index per "
                 f"task); got {list(target.shape)}"
             )
-        if validate_args and bool(((target < 0) | (target >= m)).any()):
-            raise ValueError(f"target class indices must lie in [0, {m - 1}]")
+        check_same_device("target", target, "logits", logits)
+        if validate_args:
+            check_class_indices("target", target, m)
+            check_finite("logits", logits)
         target = torch.nn.functional.one_hot(target.long(), m).to(compute_dtype(logits.dtype))
     else:
         check_soft_target(logits, target, validate_args=validate_args)
+        if validate_args:
+            sums = target.sum(dim=2, dtype=compute_dtype(target.dtype))
+            check_sums_to_one("target", sums, target.dtype, over="the m classes of each task")
     dtype = compute_dtype(logits.dtype)
     s, log_t = logits.to(dtype), torch.log(target.to(dtype))
     if variant == "pairwise":

@@ -7,8 +7,14 @@ import math
 import torch
 from torch import Tensor
 
-from ._core import reduce_loss
-from ._validation import check_logits, check_range, check_reduction
+from ._core import compute_dtype, reduce_loss
+from ._validation import (
+    check_finite,
+    check_logits,
+    check_range,
+    check_reduction,
+    first_non_finite,
+)
 
 
 def normface_min_scale(num_classes: int, p: float) -> float:
@@ -37,8 +43,11 @@ def normface_min_scale(num_classes: int, p: float) -> float:
 
 
 def feature_norm(features: Tensor, *, validate_args: bool = True) -> Tensor:
-    """Row norms ``||f||`` of ``[N, D]`` features; zero rows are an error."""
+    """Row norms ``||f||`` of ``[N, D]`` features; with ``validate_args``, zero rows and NaN or
+    infinite features are errors."""
     check_logits(features, name="features")
+    if validate_args:
+        check_finite("features", features)
     norm = torch.linalg.vector_norm(features, dim=-1)
     if validate_args and bool((norm == 0).any()):
         raise ValueError(
@@ -59,14 +68,24 @@ def feature_incay(
     Source: Yuan et al., "Feature Incay for Representation Regularization" (2017); seed 003.
 
     Args:
-        features: ``[N, D]`` features (``[N, *, D]`` works too).
+        features: ``[N, D]`` features (``[N, *, D]`` works too); half precision is computed in
+            float32.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: raise on zero-norm rows.
+        validate_args: raise on NaN or infinite features and on rows of zero norm (or so small
+            that ``1 / ||f||^2`` overflows).
 
     Example:
         >>> feature_incay(torch.tensor([[3.0, 4.0], [1.0, 0.0]]))
         tensor(0.5200)
     """
     check_reduction(reduction)
-    norm = feature_norm(features, validate_args=validate_args)
-    return reduce_loss(norm.pow(-2), reduction)
+    check_logits(features, name="features")
+    norm = feature_norm(features.to(compute_dtype(features.dtype)), validate_args=validate_args)
+    inverse_square = norm.pow(-2)
+    if validate_args and not bool(torch.isfinite(inverse_square).all()):
+        _, index = first_non_finite(inverse_square)
+        raise ValueError(
+            f"features must have rows whose norm is large enough for 1/||f||^2 to be finite in "
+            f"{norm.dtype}; row {index} has norm {norm[tuple(index)].item()!r}"
+        )
+    return reduce_loss(inverse_square, reduction)

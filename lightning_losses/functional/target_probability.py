@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from ._core import target_probability_loss
-from ._validation import check_class_vector, check_logits, check_range, check_reduction
+from ._validation import check_range, check_reduction
 
 
 def _one_minus_p(log_p: Tensor) -> Tensor:
@@ -113,14 +113,31 @@ FAMILY = {
 
 
 # --- checks of the hyper-parameters ----------------------------------------------------------
+# One per loss, called by the loss function, by its module's ``check_hyperparameters`` and by
+# the linear-head loss: the ranges are written once.
 
 
 def check_gamma_ce(gamma: float, threshold: float) -> None:
+    """``gamma`` and ``threshold`` of gamma cross-entropy, both in ``[0, 1]``."""
     check_range("gamma", gamma, low=0.0, high=1.0)
     check_range("threshold", threshold, low=0.0, high=1.0)
 
 
+def check_focal(gamma: float) -> None:
+    """``gamma`` of focal loss, ``>= 0``."""
+    check_range("gamma", gamma, low=0.0)
+
+
+def check_hard_truncated(margin: float) -> None:
+    """``margin`` of hard truncation, in ``[0, 1]``."""
+    check_range("margin", margin, low=0.0, high=1.0)
+
+
 def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -> None:
+    """Strictly increasing ``thresholds`` in ``[0, 1]`` and one more ``gammas``, each ``>= 0``."""
+    for name, values in (("thresholds", thresholds), ("gammas", gammas)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise TypeError(f"{name} must be a sequence of numbers; got {values!r}")
     thresholds, gammas = tuple(thresholds), tuple(gammas)
     if len(gammas) != len(thresholds) + 1:
         raise ValueError(
@@ -155,10 +172,12 @@ def cross_entropy(
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
-        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -203,10 +222,12 @@ def gamma_cross_entropy(
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         gamma: in ``[0, 1]``.
         threshold: ``b`` in ``[0, 1]``; 0 uses the closed form above.
-        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -244,10 +265,12 @@ def soft_accuracy_loss(
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
-        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -278,13 +301,12 @@ def _focal_family(
 ) -> Tensor:
     # alpha_t is a factor of the formula: "mean" stays a plain mean over non-ignored elements.
     check_reduction(reduction)
-    check_logits(logits)
-    alpha = check_class_vector("alpha", alpha, logits)
     loss = target_probability_loss(
         logits,
         target,
         phi,
         weight=alpha,
+        weight_name="alpha",
         ignore_index=ignore_index,
         reduction="none",
         validate_args=validate_args,
@@ -317,18 +339,20 @@ def focal_loss(
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         gamma: focusing parameter, ``>= 0``.
-        alpha: ``None``, or one weight per class (``[C]``). ``"mean"`` is a plain mean over the
-            non-ignored elements (``alpha`` is part of the formula, not a normaliser).
+        alpha: ``None``, or one weight per class (``[C]``), finite and ``>= 0``. ``"mean"`` is
+            a plain mean over the non-ignored elements (``alpha`` is part of the formula, not a
+            normaliser).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
         >>> focal_loss(logits, torch.tensor([0, 2]), gamma=2.0, reduction="none")
         tensor([0.0109, 0.4883])
     """
-    check_range("gamma", gamma, low=0.0)
+    check_focal(gamma)
     return _focal_family(
         logits,
         target,
@@ -365,10 +389,11 @@ def adaptive_focal_loss(
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         thresholds: strictly increasing probabilities in ``[0, 1]``.
         gammas: ``len(thresholds) + 1`` focusing parameters, each ``>= 0``.
-        alpha: ``None``, or one weight per class (``[C]``).
+        alpha: ``None``, or one weight per class (``[C]``), finite and ``>= 0``.
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -409,17 +434,19 @@ def hard_truncated_loss(
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         margin: in ``[0, 1]``.
-        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
         >>> hard_truncated_loss(logits, torch.tensor([0, 2]), margin=0.5, reduction="none")
         tensor([0.0000, 1.0986])
     """
-    check_range("margin", margin, low=0.0, high=1.0)
+    check_hard_truncated(margin)
     return target_probability_loss(
         logits,
         target,

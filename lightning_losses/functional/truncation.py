@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import reduce_loss, target_log_prob
+from ._core import compute_dtype, reduce_loss, target_log_prob
 from ._validation import check_class_vector, check_index_target, check_range, check_reduction
+
+
+def check_soft_truncated(k: float) -> None:
+    """``k`` of soft truncation (plain and binary), ``>= 0``."""
+    check_range("k", k, low=0.0)
 
 
 def soft_truncated_loss(
@@ -32,23 +37,26 @@ def soft_truncated_loss(
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         k: sharpness of the truncation, ``>= 0`` (``k = 0`` gives ``-log p_t / C``).
-        weight: optional ``[C]`` class weights; ``"mean"`` divides by the sum of the weights.
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
-        validate_args: check target values (one device synchronisation).
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
         >>> soft_truncated_loss(logits, torch.tensor([0, 2]), k=1.0, reduction="none")
         tensor([0.0152, 0.3662])
     """
-    check_range("k", k, low=0.0)
+    check_soft_truncated(k)
     check_reduction(reduction)
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
-    weight = check_class_vector("weight", weight, logits)
+    weight = check_class_vector("weight", weight, logits, validate_args=validate_args)
     valid = target != ignore_index
-    log_p = target_log_prob(logits, target, ignore_index)
-    truncation = torch.exp(target_log_prob(logits * (-float(k)), target, ignore_index))
+    x = logits.to(compute_dtype(logits.dtype))  # half logits: -k x must not overflow
+    log_p = target_log_prob(x, target, ignore_index)
+    truncation = torch.exp(target_log_prob(x * (-float(k)), target, ignore_index))
     loss = -truncation * log_p
     if weight is None:
         element_weight = valid.to(loss.dtype)
