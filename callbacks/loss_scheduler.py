@@ -366,7 +366,9 @@ class LossScheduler(Callback):
 class GammaAnnealing(LossScheduler):
     """Anneal ``criterion.gamma`` from ``start`` to ``end`` between ``begin`` and ``until``.
 
-    TaiLr (seed 001) anneals the gamma of its gamma cross-entropy
+    TaiLr
+    (Su Jianlin, "A simple remedy for the overconfidence of cross-entropy")
+    anneals the gamma of its gamma cross-entropy
     (:class:`lightning_losses.GammaCrossEntropyLoss`) from 0 (cross-entropy) towards 1 (the
     expected error ``1 - p_t``). With ``f = clamp((p - begin) / (until - begin), 0, 1)``::
 

@@ -1,4 +1,5 @@
-"""Scaled-cosine classification heads: NormFace, CosFace and ArcFace (seed 003)."""
+"""Scaled-cosine classification heads: NormFace, CosFace and ArcFace
+(Wang Feng, "Understanding softmax: controlling its smoothness")."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class NormFaceHead(nn.Module):
     of the ``1 / eps`` blow-up of ``f / max(||f||, eps)``. Training does not stop on such a row.
 
     Sources: Wang et al., NormFace (2017); Wang et al., CosFace (2018); Deng et al., ArcFace
-    (2019); seed 003.
+    (2019).
 
     Args:
         in_features: feature size ``D``.

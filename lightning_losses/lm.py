@@ -1,6 +1,8 @@
 """A tiny language model on the English documentation that ships with Python.
 
-TaiLr's gamma-CE (seed 001) was made for text generation, where the output layer has a
+TaiLr's gamma-CE
+(Su Jianlin, "A simple remedy for the overconfidence of cross-entropy")
+was made for text generation, where the output layer has a
 vocabulary of thousands of words. This module is the smallest complete example of that setting:
 
 - :class:`WordTokenizer`: lowercased words and punctuation, split by one regular expression

@@ -44,7 +44,7 @@ def binary_focal_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Sigmoid focal loss (seed 004; Lin et al., ICCV 2017).
+    """Sigmoid focal loss (Lin et al., ICCV 2017).
 
     With ``s = sigmoid(x)``: ``-alpha (1-s)^gamma log s`` for ``y = 1`` and
     ``-(1-alpha) s^gamma log(1-s)`` for ``y = 0``; soft ``y`` mixes the two linearly. The focal
@@ -83,7 +83,8 @@ def binary_soft_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Sigmoid soft truncation (seed 004).
+    """Sigmoid soft truncation
+    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
 
     ``-sigmoid(-k x) log sigmoid(x)`` for ``y = 1`` and ``-sigmoid(k x) log sigmoid(-x)`` for
     ``y = 0``; soft ``y`` mixes the two linearly.
@@ -116,7 +117,8 @@ def binary_hard_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Sigmoid hard truncation (seed 004).
+    """Sigmoid hard truncation
+    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
 
     ``-log s`` for ``y = 1`` where ``s <= margin`` (0 where the positive is already confident),
     ``-log(1 - s)`` for ``y = 0`` where ``1 - s <= margin``; soft ``y`` mixes linearly.

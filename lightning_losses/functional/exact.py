@@ -1,4 +1,6 @@
-"""EXACT (seed 000): the probability that the target wins under Gaussian noise, by quadrature.
+"""EXACT
+(Su Jianlin, "How to train your accuracy?"):
+the probability that the target wins under Gaussian noise, by quadrature.
 
 ``P(t) = P(argmax_j (x_j / sigma + e_j) = t)`` with ``e ~ N(0, I)``. Conditioning on the
 target's noise ``u`` gives a one-dimensional integral,
@@ -168,14 +170,15 @@ def exact_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """EXACT: one minus the probability that the target wins under Gaussian noise (seed 000).
+    """EXACT: one minus the probability that the target wins under Gaussian noise
+    (Su Jianlin, "How to train your accuracy?").
 
     ``P = P(argmax_j (x_j / sigma + e_j) = t) = ∫ phi(u) prod_{j != t} Phi((x_t - x_j)/sigma + u)
     du``, ``e ~ N(0, I)``, computed by Gauss–Hermite quadrature. The loss is ``1 - P`` (the
     expected error of the noisy argmax classifier, a smooth accuracy), or ``-log P`` with
     ``log=True``. For two classes ``P = Phi((x_t - x_o) / (sigma * sqrt 2))``.
 
-    Source: Karpukhin et al., "EXACT: How to Train Your Accuracy" (2022); seed 000.
+    Source: Karpukhin et al., "EXACT: How to Train Your Accuracy" (2022).
 
     Args:
         logits: ``[N, C]`` scores.

@@ -21,7 +21,8 @@ upstream gradient is unknown in the forward pass: the forward keeps ``log sum ex
 product more (about 4/3 the time of ``"mean"``, same memory).
 
 Source: the chunked head follows PyTorch's ``linear_cross_entropy`` (batch-chunked, gradients
-precomputed in forward); the family and its ``phi`` are those of DESIGN.md, seeds 001 and 004.
+precomputed in forward); the family and its ``phi`` are those of the target-probability
+family (TaiLr's gamma-CE, focal loss).
 """
 
 from __future__ import annotations
@@ -617,8 +618,8 @@ def linear_target_loss(
     The loss is returned in float32 and the gradients in the inputs' dtypes. Autocast is
     disabled inside.
 
-    Sources: TaiLr (Ji et al., ICLR 2023; seed 001) for ``gamma_ce``, which was made for text
-    generation; focal loss (Lin et al., 2017; seed 004); PyTorch's chunked
+    Sources: TaiLr (Ji et al., ICLR 2023) for ``gamma_ce``, which was made for text
+    generation; focal loss (Lin et al., 2017); PyTorch's chunked
     ``linear_cross_entropy`` for the chunking.
 
     Args:

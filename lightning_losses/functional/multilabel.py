@@ -1,4 +1,5 @@
-"""Softmax-style cross-entropy for multi-label and n-by-m classification (seed 002).
+"""Softmax-style cross-entropy for multi-label and n-by-m classification
+(Su Jianlin, "An unsuccessful attempt: extending multi-label cross-entropy to n m-class tasks").
 
 Every ``log(1 + sum exp(a))`` here is a ``logsumexp`` over the terms plus one zero column, with
 absent terms at ``-inf`` (never a large constant, which overflows float16). Decisions of the
@@ -54,7 +55,7 @@ def multilabel_categorical_crossentropy(
     Entries equal to ``ignore_index`` are left out of both sums. Predict label ``i`` where
     ``x_i > 0``.
 
-    Source: Su Jianlin, "将'softmax+交叉熵'推广到多标签分类问题" (2020); seed 002.
+    Source: Su Jianlin, "将'softmax+交叉熵'推广到多标签分类问题" (2020).
 
     Args:
         logits: ``[N, K, *]`` scores (labels along dimension 1).
@@ -110,7 +111,7 @@ def nm_categorical_crossentropy(
     Both reduce to :func:`multilabel_categorical_crossentropy` when ``m = 2`` (the centered one
     with the logits halved).
 
-    Source: Su Jianlin, "多标签“Softmax+交叉熵”的软标签版本" and "n个m分类" posts; seed 002.
+    Source: Su Jianlin, "多标签“Softmax+交叉熵”的软标签版本" and "n个m分类" posts.
 
     Args:
         logits: ``[N, n, m]`` scores, ``m >= 2``.

@@ -1,4 +1,6 @@
-"""The scale of the logits (seed 003): how large scaled-cosine logits must be, and Feature Incay."""
+"""The scale of the logits
+(Wang Feng, "Understanding softmax: controlling its smoothness"):
+how large scaled-cosine logits must be, and Feature Incay."""
 
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ def normface_min_scale(num_classes: int, p: float) -> float:
     other ``C-1`` class weights at cosine ``-1/(C-1)`` (a regular simplex).
 
     Source: Wang et al., "NormFace: L2 Hypersphere Embedding for Face Verification" (2017);
-    seed 003.
 
     Args:
         num_classes: ``C >= 2``.
@@ -65,7 +66,7 @@ def feature_incay(
     Adding it to the loss pushes feature norms up, which sharpens the softmax of normalised
     heads; it is the seed's remedy for features whose norm is too small.
 
-    Source: Yuan et al., "Feature Incay for Representation Regularization" (2017); seed 003.
+    Source: Yuan et al., "Feature Incay for Representation Regularization" (2017).
 
     Args:
         features: ``[N, D]`` features (``[N, *, D]`` works too); half precision is computed in

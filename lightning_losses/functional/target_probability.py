@@ -206,7 +206,9 @@ def gamma_cross_entropy(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Gamma cross-entropy of TaiLr (seed 001): from cross-entropy to the expected error.
+    """Gamma cross-entropy of TaiLr
+    (Su Jianlin, "A simple remedy for the overconfidence of cross-entropy"):
+    from cross-entropy to the expected error.
 
     ``loss = -log(gamma + (1-gamma) p_t) / (1-gamma)``. ``gamma = 0`` is cross-entropy, and as
     ``gamma -> 1`` the loss tends to ``1 - p_t`` (its value at ``gamma = 1``). The gradient is
@@ -215,7 +217,7 @@ def gamma_cross_entropy(
     training form ``-max(b, w) log p_t`` with ``w`` held constant (no gradient through ``w``).
 
     Source: Ji et al., "Tailoring Language Generation Models under Total Variation Distance"
-    (ICLR 2023); seed 001.
+    (ICLR 2023).
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -260,7 +262,8 @@ def soft_accuracy_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy (seeds 000, 001).
+    """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy
+    (Su Jianlin, "How to train your accuracy?").
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -327,13 +330,14 @@ def focal_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t`` (seed 004).
+    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t``
+    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
 
     The focal weight is computed as ``(-expm1(log p_t))^gamma`` and its derivative in the form
     ``(1-p)^gamma (gamma p log p / (1-p) - 1)``, finite for every ``gamma >= 0`` including
     ``0 < gamma < 1`` at ``p_t = 1``. ``gamma = 0`` without ``alpha`` is cross-entropy.
 
-    Source: Lin et al., "Focal Loss for Dense Object Detection" (ICCV 2017); seed 004.
+    Source: Lin et al., "Focal Loss for Dense Object Detection" (ICCV 2017).
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -424,7 +428,9 @@ def hard_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Hard truncation (seed 004): cross-entropy where ``p_t <= margin``, zero where above.
+    """Hard truncation
+    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss"):
+    cross-entropy where ``p_t <= margin``, zero where above.
 
     Samples the model already gets right with probability above ``margin`` stop contributing.
     ``margin = 1`` is cross-entropy. ``"mean"`` averages over all non-ignored elements,

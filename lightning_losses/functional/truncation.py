@@ -1,4 +1,6 @@
-"""Soft truncation (seed 004): the smooth counterpart of the hard-truncated cross-entropy."""
+"""Soft truncation
+(Su Jianlin, "From hard truncation of the loss, through softening, to focal loss"):
+the smooth counterpart of the hard-truncated cross-entropy."""
 
 from __future__ import annotations
 
@@ -24,14 +26,15 @@ def soft_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t`` (seed 004).
+    """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t``
+    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
 
     The hard truncation's step ``[p_t <= margin]`` is replaced by the smooth factor
     ``softmax(-k x)_t``, which is near 1 when the target logit is the smallest and near 0 when it
     dominates; the loss is differentiated through both factors. Unlike the target-probability
     family it reads every logit twice (two softmaxes), so it costs about two cross-entropies.
 
-    Source: Su Jianlin, "从loss的硬截断、软化到focal loss" (2017); seed 004.
+    Source: Su Jianlin, "从loss的硬截断、软化到focal loss" (2017).
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
