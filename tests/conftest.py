@@ -6,6 +6,7 @@ of a torch op can be slow), so the suite is reproducible and stays inside its ti
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -22,3 +23,12 @@ settings.load_profile("losses")
 # default of one intra-op thread per core, each worker's OpenMP threads spin against the other
 # worker's (and against any other load), which makes small ops 10-50x slower.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def isolated_tracking(tmp_path, monkeypatch):
+    """Run in ``tmp_path`` with no inherited MLflow store and an HTTP client that fails fast."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")

@@ -29,10 +29,7 @@ SCRIPT = Path(sys.executable).with_name("lightning-losses")
 T0 = 1_700_000_000_000  # timestamps of the records, in ms
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_tracking")
 
 
 @pytest.fixture

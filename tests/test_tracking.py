@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 MLFLOW = Path(sys.executable).with_name("mlflow")
 
+pytestmark = pytest.mark.usefixtures("isolated_tracking")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -80,14 +82,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 
 @pytest.fixture(scope="module")

@@ -31,16 +31,10 @@ from lightning_losses.tracking import (
     sync_main,
 )
 
+pytestmark = pytest.mark.usefixtures("isolated_tracking")
+
 SCRIPT = Path(sys.executable).with_name("lightning-losses")
 BATCHES = 4  # training batches per epoch: a checkpoint at step 3 is inside epoch 0
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 
 
 def write_config(
