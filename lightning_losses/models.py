@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from .backbones import MLP
 from .heads import NormFaceHead
 from .mixins import LossMixin, _import_class, describe_criterion
 
@@ -29,6 +31,105 @@ def _is_plain(value: Any) -> bool:
     if isinstance(value, Mapping):
         return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
     return False
+
+
+#: ``hidden`` and ``dropout`` of the default backbone (a given backbone leaves them so).
+DEFAULT_HIDDEN = (128, 64)
+DEFAULT_DROPOUT = 0.0
+
+
+def build_backbone(spec: Mapping[str, Any]) -> nn.Module:
+    """Build a backbone from its ``{"class_path": ..., "init_args": {...}}`` description.
+
+    Example:
+        >>> cnn = build_backbone(
+        ...     {"class_path": "lightning_losses.backbones.CNN1D", "init_args": {"channels": 8}}
+        ... )
+        >>> type(cnn).__name__, cnn.channels
+        ('CNN1D', 8)
+    """
+    spec = dict(spec)
+    class_path = spec.get("class_path")
+    init_args = spec.get("init_args") or {}
+    unknown = sorted(set(spec) - {"class_path", "init_args"})
+    if unknown or not isinstance(class_path, str) or not isinstance(init_args, Mapping):
+        raise ValueError(
+            "backbone mapping must be {'class_path': 'package.module.Class', 'init_args': "
+            f"{{...}}}}; got {spec!r}"
+        )
+    try:
+        cls = _import_class(class_path)
+    except ValueError as error:
+        raise ValueError(f"backbone: {error}") from None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"backbone class_path {class_path!r} does not name an nn.Module class")
+    return cls(**dict(init_args))
+
+
+def describe_backbone(backbone: nn.Module) -> dict[str, Any] | None:
+    """``{"class_path", "init_args"}`` of a backbone that keeps plain ``init_args``, else None.
+
+    The class must be importable back from its ``class_path`` (not defined in a function).
+
+    Example:
+        >>> from lightning_losses.backbones import CNN1D
+        >>> describe_backbone(CNN1D(channels=8))
+        {'class_path': 'lightning_losses.backbones.CNN1D', 'init_args': {'channels': 8}}
+        >>> describe_backbone(nn.Linear(4, 2)) is None  # no init_args: not described
+        True
+    """
+    init_args = getattr(backbone, "init_args", None)
+    if not isinstance(init_args, Mapping) or not _is_plain(init_args):
+        return None
+    cls = type(backbone)
+    class_path = f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        if _import_class(class_path) is not cls:
+            return None
+    except ValueError:
+        return None
+    return {"class_path": class_path, "init_args": dict(init_args)}
+
+
+def backbone_features(backbone: nn.Module, input_dim: int) -> int:
+    """``F`` of a backbone mapping ``[2, input_dim]`` to ``[2, F]``, by one forward pass.
+
+    The pass runs in eval mode under ``torch.no_grad()`` (the mode is restored after), on the
+    device and dtype of the backbone's first parameter.
+
+    Raises:
+        ValueError: naming ``backbone``, the input shape and what came out, if the backbone
+            fails on that input or gives anything but a 2-D ``[2, F]`` tensor.
+    """
+    parameter = next(backbone.parameters(), None)
+    options = {} if parameter is None else {"device": parameter.device, "dtype": parameter.dtype}
+    if parameter is not None and not parameter.is_floating_point():
+        options.pop("dtype")
+    probe = torch.zeros(2, input_dim, **options)
+    name = type(backbone).__name__
+    training = backbone.training
+    backbone.eval()
+    try:
+        with torch.no_grad():
+            features = backbone(probe)
+    except Exception as error:
+        raise ValueError(
+            f"backbone {name} must map inputs [N, input_dim] to features [N, F]; on an input "
+            f"of shape [2, {input_dim}] (input_dim={input_dim}) it raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    finally:
+        backbone.train(training)
+    if not isinstance(features, Tensor):
+        got = f"a {type(features).__name__}"
+    elif features.dim() != 2 or features.shape[0] != 2:
+        got = f"shape {list(features.shape)}"
+    else:
+        return int(features.shape[1])
+    raise ValueError(
+        f"backbone {name} must map inputs [N, input_dim] to features [N, F]; on an input of "
+        f"shape [2, {input_dim}] (input_dim={input_dim}) it gave {got}"
+    )
 
 
 def _nll_terms(logits: Tensor, target: Tensor, task: str) -> Tensor:
@@ -105,13 +206,33 @@ def _evaluation_metrics() -> nn.ModuleDict:
 
 
 class ClassifierModule(LossMixin, L.LightningModule):
-    """An MLP classifier whose loss, head and optimizer are chosen in YAML.
+    """A classifier whose backbone, loss, head and optimizer are chosen in YAML.
 
-    The backbone is ``Linear -> ReLU (-> Dropout)`` for each size in ``hidden``; the head is a
-    linear layer (logits divided by a fixed ``temperature``) or a scaled-cosine
-    :class:`~lightning_losses.NormFaceHead` (``normface``, ``cosface``, ``arcface``). The
-    output takes the shape the task's losses expect: ``[N, C]`` (``multiclass``), ``[N]``
-    (``binary``), ``[N, K]`` (``multilabel``) or ``[N, n, m]`` (``nm``).
+    The backbone maps inputs ``[N, input_dim]`` to features ``[N, F]``: by default an
+    :class:`~lightning_losses.backbones.MLP`, ``Linear -> ReLU (-> Dropout)`` for each size in
+    ``hidden`` (``hidden=[]``: none, a logistic regression under a linear head), or any
+    ``nn.Module`` given as ``backbone`` (such as the MNIST-1D CNN
+    :class:`~lightning_losses.backbones.CNN1D`). The head is a linear layer (logits divided by a
+    fixed ``temperature``) or a scaled-cosine :class:`~lightning_losses.NormFaceHead`
+    (``normface``, ``cosface``, ``arcface``) on the ``F`` features. The output takes the shape
+    the task's losses expect: ``[N, C]`` (``multiclass``), ``[N]`` (``binary``), ``[N, K]``
+    (``multilabel``) or ``[N, n, m]`` (``nm``).
+
+    In YAML the backbone is a ``class_path``/``init_args`` mapping::
+
+        model:
+          backbone:
+            class_path: lightning_losses.backbones.CNN1D
+            init_args: {channels: 25}
+
+    (or ``--model.backbone=lightning_losses.backbones.CNN1D`` on the command line).
+
+    Checkpoints keep their hyper-parameters plain (they load with ``weights_only=True``): a
+    backbone that keeps its constructor arguments in a plain ``init_args`` dict, as those of
+    :mod:`lightning_losses.backbones` do, is stored as ``{"class_path", "init_args"}`` and
+    ``load_from_checkpoint(path)`` builds it again. Any other backbone is left out of the
+    hyper-parameters: load such a checkpoint with ``load_from_checkpoint(path,
+    backbone=<a backbone of the same architecture>)``.
 
     Logged: ``train/loss``, ``train/acc`` (each step and the epoch's mean),
     ``criterion/<hyper-parameter>``, ``time/epoch_seconds``, and per validation (and test)
@@ -137,19 +258,41 @@ class ClassifierModule(LossMixin, L.LightningModule):
             ``m`` (nm); ignored for binary.
         num_tasks: tasks ``n`` for ``nm``.
         task: ``multiclass``, ``binary``, ``multilabel`` or ``nm``.
-        hidden: sizes of the hidden layers.
-        dropout: dropout after each hidden layer.
+        hidden: sizes of the hidden layers of the default MLP backbone.
+        dropout: dropout after each hidden layer of the default MLP backbone.
         head: ``linear``, ``normface``, ``cosface`` or ``arcface``.
         temperature: fixed divisor of the linear head's logits.
         scale: scale of a cosine head; ``None`` learns it.
         margin: CosFace / ArcFace margin.
         optimizer: a factory ``params -> Optimizer`` (in YAML a ``class_path`` such as
             ``torch.optim.Adam`` with ``init_args``).
+        backbone: ``None`` for ``MLP(input_dim, hidden, dropout)``; an ``nn.Module`` mapping
+            ``[N, input_dim]`` to ``[N, F]``; or its ``{"class_path": ..., "init_args":
+            {...}}`` mapping (YAML, checkpoints). ``F`` is found by one forward pass of
+            ``torch.zeros(2, input_dim)`` in eval mode. ``hidden`` and ``dropout`` describe the
+            default MLP only: giving them other values than their defaults together with a
+            backbone is an error.
+
+    Raises:
+        ValueError: a bad ``task``, ``head``, ``temperature``; a backbone that does not map
+            ``[2, input_dim]`` to ``[2, F]``; a backbone together with ``hidden`` or
+            ``dropout`` other than their defaults.
 
     Example:
         >>> model = ClassifierModule("focal", input_dim=64, num_classes=10, hidden=[32])
         >>> model(torch.randn(5, 64)).shape
         torch.Size([5, 10])
+
+        The CNN of MNIST-1D (40 features): ``F = 25 * 5 = 125`` features under the head.
+
+        >>> from lightning_losses.backbones import CNN1D
+        >>> model = ClassifierModule("ce", input_dim=40, num_classes=10, backbone=CNN1D(25))
+        >>> model.head
+        Linear(in_features=125, out_features=10, bias=True)
+        >>> model(torch.randn(5, 40)).shape
+        torch.Size([5, 10])
+        >>> model.hparams["backbone"]
+        {'class_path': 'lightning_losses.backbones.CNN1D', 'init_args': {'channels': 25}}
     """
 
     def __init__(
@@ -159,13 +302,14 @@ class ClassifierModule(LossMixin, L.LightningModule):
         num_classes: int = 10,
         num_tasks: int = 1,
         task: str = "multiclass",
-        hidden: Sequence[int] = (128, 64),
-        dropout: float = 0.0,
+        hidden: Sequence[int] = DEFAULT_HIDDEN,
+        dropout: float = DEFAULT_DROPOUT,
         head: str = "linear",
         temperature: float = 1.0,
         scale: float | None = None,
         margin: float = 0.0,
         optimizer: OptimizerFactory | None = None,
+        backbone: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if task not in TASKS:
@@ -176,26 +320,48 @@ class ClassifierModule(LossMixin, L.LightningModule):
             raise ValueError(f"head={head!r} needs task='multiclass'; got task={task!r}")
         if temperature <= 0:
             raise ValueError(f"temperature must be positive; got {temperature!r}")
-        self.save_hyperparameters()
+        if backbone is not None:
+            if isinstance(backbone, Mapping):
+                backbone = build_backbone(backbone)
+            if not isinstance(backbone, nn.Module):
+                raise TypeError(
+                    "backbone must be None, an nn.Module or a {'class_path', 'init_args'} "
+                    f"mapping; got {type(backbone).__name__}"
+                )
+            if list(hidden) != list(DEFAULT_HIDDEN) or dropout != DEFAULT_DROPOUT:
+                raise ValueError(
+                    f"hidden and dropout configure the default MLP backbone only; with "
+                    f"backbone={type(backbone).__name__} leave them at hidden="
+                    f"{list(DEFAULT_HIDDEN)}, dropout={DEFAULT_DROPOUT} (got hidden="
+                    f"{list(hidden)}, dropout={dropout}), or give backbone="
+                    "lightning_losses.backbones.MLP with those arguments"
+                )
+        with warnings.catch_warnings():  # a backbone module is replaced by its description
+            warnings.filterwarnings("ignore", "Attribute 'backbone' is an instance of `nn.Module`")
+            self.save_hyperparameters()
         # Checkpoints must load with torch.load(weights_only=True): keep hparams plain.
         if not _is_plain(self.hparams.get("criterion")):
             self.hparams["criterion"] = describe_criterion(criterion)
         if not _is_plain(self.hparams.get("optimizer")):
             self.hparams.pop("optimizer")
+        if not _is_plain(self.hparams.get("backbone")):
+            description = describe_backbone(backbone)
+            if description is None:  # load_from_checkpoint(path, backbone=...) rebuilds it
+                self.hparams.pop("backbone")
+            else:
+                self.hparams["backbone"] = description
         self.task = task
         self.num_tasks = num_tasks
         self.num_classes = num_classes
         self.temperature = temperature
         self.optimizer_factory = optimizer
 
-        layers: list[nn.Module] = []
-        width = input_dim
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = size
-        self.backbone = nn.Sequential(*layers)
+        if backbone is None:
+            backbone = MLP(input_dim, hidden, dropout)
+            width = backbone.out_features
+        else:
+            width = backbone_features(backbone, input_dim)
+        self.backbone = backbone
         outputs = {"multiclass": num_classes, "binary": 1, "multilabel": num_classes}
         outputs["nm"] = num_tasks * num_classes
         if head == "linear":
