@@ -24,6 +24,7 @@ from .functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_l
 from .functional.multilabel import check_nm
 from .functional.target_probability import (
     check_adaptive_focal,
+    check_cross_entropy,
     check_focal,
     check_gamma_ce,
     check_hard_truncated,
@@ -114,30 +115,79 @@ _INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args")
 _ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
 
 
+def _index_loss_init(
+    self: FunctionalLoss,
+    *,
+    weight: Sequence[float] | Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    validate_args: bool = True,
+) -> None:
+    """The options of a loss of class-index targets (the constructor of its subclasses)."""
+    FunctionalLoss.__init__(self)
+    self._set_class_vector("weight", weight)
+    self.ignore_index = ignore_index
+    self.reduction = reduction
+    self.validate_args = validate_args
+
+
 class CrossEntropyLoss(FunctionalLoss):
     """Cross-entropy, the baseline (:func:`~lightning_losses.functional.cross_entropy`).
+
+    ``label_smoothing`` (``eps`` in ``[0, 1)``) has the meaning it has in
+    :class:`torch.nn.CrossEntropyLoss`: the loss against ``(1 - eps) onehot(t) + eps / C``,
+    class weights included. It is a hyper-parameter like ``gamma`` of the other losses: an
+    attribute read at each call, checked by :meth:`check_hyperparameters`, logged as
+    ``criterion/label_smoothing`` and open to a schedule.
+
+    The subclasses that compute another loss of the family (``function`` other than
+    cross-entropy: :class:`GammaCrossEntropyLoss`, :class:`SoftAccuracyLoss`...) share
+    ``weight``, ``ignore_index``, ``reduction`` and ``validate_args`` but not
+    ``label_smoothing``, which their functions do not take: unless they declare their own
+    constructor, hyper-parameters and check, they get those without it.
 
     Example:
         >>> CrossEntropyLoss()(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
         tensor(0.2395)
+        >>> loss = CrossEntropyLoss(label_smoothing=0.1)
+        >>> loss.label_smoothing = 0.3
+        >>> loss(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.6395)
     """
 
     function = staticmethod(LF.cross_entropy)
+    check = staticmethod(check_cross_entropy)
+    hyperparameter_names = ("label_smoothing",)
     option_names = _INDEX_OPTIONS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        if cls.function is not LF.cross_entropy:  # another loss: no label_smoothing
+            if "hyperparameter_names" not in cls.__dict__:
+                cls.hyperparameter_names = ()
+            if "check" not in cls.__dict__:
+                cls.check = staticmethod(_no_hyperparameters)
+            if "__init__" not in cls.__dict__:
+                cls.__init__ = _index_loss_init  # type: ignore[method-assign,assignment]
+        super().__init_subclass__(**kwargs)  # wraps the constructor in the check
 
     def __init__(
         self,
         *,
+        label_smoothing: float = 0.0,
         weight: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
-        super().__init__()
-        self._set_class_vector("weight", weight)
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.validate_args = validate_args
+        _index_loss_init(
+            self,
+            weight=weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            validate_args=validate_args,
+        )
+        if "label_smoothing" in type(self).hyperparameter_names:
+            self.label_smoothing = label_smoothing
 
 
 class GammaCrossEntropyLoss(CrossEntropyLoss):

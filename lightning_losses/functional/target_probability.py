@@ -15,8 +15,13 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ._core import target_probability_loss
-from ._validation import check_range, check_reduction
+from ._core import compute_dtype, reduce_loss, target_probability_loss
+from ._validation import (
+    check_class_vector,
+    check_index_target,
+    check_range,
+    check_reduction,
+)
 
 
 def _one_minus_p(log_p: Tensor) -> Tensor:
@@ -117,6 +122,16 @@ FAMILY = {
 # the linear-head loss: the ranges are written once.
 
 
+def check_cross_entropy(label_smoothing: float) -> None:
+    """``label_smoothing`` of cross-entropy, a real number in ``[0, 1)``."""
+    if isinstance(label_smoothing, Tensor) and label_smoothing.numel() != 1:
+        raise TypeError(
+            "label_smoothing must be a real number in [0, 1); got a tensor of shape "
+            f"{list(label_smoothing.shape)}"
+        )
+    check_range("label_smoothing", label_smoothing, low=0.0, high=1.0, high_open=True)
+
+
 def check_gamma_ce(gamma: float, threshold: float) -> None:
     """``gamma`` and ``threshold`` of gamma cross-entropy, both in ``[0, 1]``."""
     check_range("gamma", gamma, low=0.0, high=1.0)
@@ -155,6 +170,38 @@ def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -
 # --- the losses --------------------------------------------------------------------------------
 
 
+def _smoothed_cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    label_smoothing: float,
+    weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    validate_args: bool,
+) -> Tensor:
+    """Cross-entropy against ``(1 - eps) onehot(t) + eps / C``, from one log-softmax."""
+    check_reduction(reduction)
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
+    weight = check_class_vector("weight", weight, logits, validate_args=validate_args)
+    num_classes = logits.shape[1]
+    log_p = torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=1)  # [N, C, *]
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, 0).long()
+    target_log_p = log_p.gather(1, safe_target.unsqueeze(1)).squeeze(1)  # [N, *]
+    if weight is None:
+        class_sum = log_p.sum(dim=1)
+        element_weight = None
+    else:
+        weight = weight.to(log_p.dtype)
+        class_sum = (log_p * weight.view(-1, *[1] * (logits.dim() - 2))).sum(dim=1)
+        element_weight = weight[safe_target] * valid
+        target_log_p = target_log_p * element_weight
+    loss = -(1.0 - label_smoothing) * target_log_p - (label_smoothing / num_classes) * class_sum
+    loss = torch.where(valid, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    denominator = valid.sum() if element_weight is None else element_weight.sum()
+    return reduce_loss(loss, reduction, denominator)
+
+
 def cross_entropy(
     logits: Tensor,
     target: Tensor,
@@ -162,12 +209,26 @@ def cross_entropy(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Cross-entropy ``-log p_t``: the baseline, with the signature of the rest of the family.
 
-    Equals :func:`torch.nn.functional.cross_entropy` except that a ``"mean"`` over a batch whose
-    targets are all ignored is 0 (with zero gradient) instead of NaN.
+    Equals :func:`torch.nn.functional.cross_entropy` (``label_smoothing`` included, with the
+    same meaning) except that a ``"mean"`` over a batch whose targets are all ignored (or whose
+    weights sum to 0) is 0 (with zero gradient) instead of NaN.
+
+    With ``label_smoothing = eps > 0`` the target is the mixture ``(1 - eps) onehot(t) + eps /
+    C`` of the one-hot target and the uniform distribution over the ``C`` classes (Szegedy et
+    al., "Rethinking the Inception Architecture for Computer Vision", 2016). Per element, with
+    class weights ``w`` (all 1 without ``weight``)::
+
+        loss = (1 - eps) * w_t * (-log p_t) + eps / C * sum_c w_c * (-log p_c)
+
+    and ``"mean"`` divides the sum over the non-ignored elements by the sum of their ``w_t``
+    (their number without ``weight``), as PyTorch does. The smoothing term is computed in log
+    space from one log-softmax of the logits (``[N, C, *]`` in memory, as in PyTorch's
+    kernel); ``eps = 0`` takes the fused path of the family, which keeps none.
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -176,14 +237,32 @@ def cross_entropy(
             the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: ``eps``, a real number in ``[0, 1)``; 0 is plain cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+
+    Raises:
+        ValueError: ``label_smoothing`` outside ``[0, 1)`` or NaN (``TypeError`` if it is not
+            a real number); a bad ``reduction``, ``target`` or ``weight``.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
         >>> cross_entropy(logits, torch.tensor([0, 2]), reduction="none")
         tensor([0.2395, 1.0986])
+        >>> cross_entropy(logits, torch.tensor([0, 2]), reduction="none", label_smoothing=0.3)
+        tensor([0.6395, 1.0986])
     """
+    check_cross_entropy(label_smoothing)
+    if label_smoothing != 0:
+        return _smoothed_cross_entropy(
+            logits,
+            target,
+            float(label_smoothing),
+            weight,
+            ignore_index,
+            reduction,
+            validate_args,
+        )
     return target_probability_loss(
         logits,
         target,
