@@ -1,6 +1,7 @@
 """Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""
 
 from .calibration import CalibrationMonitor, TemperatureScalingCallback
+from .curves import SplitCurves
 from .loss_scheduler import GammaAnnealing, LossScheduler
 from .loss_switch import LossSwitch
 from .schedules import (
@@ -24,6 +25,7 @@ __all__ = [
     "LossScheduler",
     "LossSwitch",
     "Schedule",
+    "SplitCurves",
     "StepSchedule",
     "TemperatureScalingCallback",
 ]

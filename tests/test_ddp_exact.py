@@ -105,8 +105,16 @@ def ddp_run(tmp_path_factory):
         *QUICK,
     ]
     scaling = "lightning_losses.callbacks.TemperatureScalingCallback"
+    curves = "lightning_losses.callbacks.SplitCurves"  # the last epoch is always evaluated
     run_script(
-        ["fit", *common, "--trainer.max_epochs=1", f"--trainer.callbacks+={scaling}"], folder
+        [
+            "fit",
+            *common,
+            "--trainer.max_epochs=1",
+            f"--trainer.callbacks+={scaling}",
+            f"--trainer.callbacks+={curves}",
+        ],
+        folder,
     )
     checkpoint = next((folder / "mlflow_runs").rglob("last.ckpt"))
     run_script(["test", *common, f"--ckpt_path={checkpoint}"], folder)
@@ -187,6 +195,15 @@ def test_every_ddp_metric_equals_the_single_process_value(ddp_run, stage, split)
     assert sorted(logged) == sorted(expected)  # every metric logged is checked, none is missing
     for name, value in logged.items():
         assert value == pytest.approx(expected[name], abs=1e-6), name
+
+
+def test_ddp_split_curves_equal_the_single_process_test_metrics(ddp_run):
+    client, [run], model = ddp_run
+    logged = last_values(client, run, "curve/")
+    reference = single_process_metrics(model, "test")
+    assert sorted(logged) == ["curve/test_acc", "curve/test_ece", "curve/test_nll"]
+    for name in ("acc", "ece", "nll"):
+        assert logged[f"curve/test_{name}"] == pytest.approx(reference[name], abs=1e-6), name
 
 
 def test_ddp_temperature_equals_the_single_process_fit(ddp_run):
