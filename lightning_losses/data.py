@@ -47,6 +47,7 @@ from torch.utils.data.distributed import DistributedSampler
 __all__ = [
     "DigitsDataModule",
     "LongTailedDigitsDataModule",
+    "MNIST1DDataModule",
     "MultiLabelDigitsDataModule",
     "NMDigitsDataModule",
     "RareDigitDataModule",
@@ -939,3 +940,19 @@ class TensorDataModule(_SplitDataModule):
         features = np.delete(data, columns, axis=1)
         labels = data[:, columns]
         return features, labels[:, 0] if len(columns) == 1 and task != "multilabel" else labels
+
+
+# MNIST1DDataModule lives in .mnist1d, which imports this module: an eager re-export here would
+# fail when .mnist1d is imported first (circular import), so the name is resolved on first use.
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from .mnist1d import MNIST1DDataModule
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MNIST1DDataModule":
+        from .mnist1d import MNIST1DDataModule
+
+        return MNIST1DDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,8 @@ from pathlib import Path
 from .runner import (
     BINS_ARTIFACT,
     PR_ARTIFACT,
+    SCALED_BINS_ARTIFACT,
+    TEST_NLL_CURVE,
     as_array,
     client_for,
     read_json,
@@ -176,6 +178,71 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     return names
 
 
+def test_nll_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
+    """Test NLL against training step (first seed of each variant), from the SplitCurves log.
+
+    Nothing is drawn for a claim whose runs have no ``curve/test_nll`` history.
+    """
+    from ..tracking import metric_history
+
+    client = client_for(tracking_uri)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    drawn = False
+    for variant, run_id in first_seed_runs(result).items():
+        history = metric_history(client, run_id, TEST_NLL_CURVE)
+        if history:
+            ax.plot([m.step for m in history], [m.value for m in history], label=variant)
+            drawn = True
+    if drawn:
+        ax.set_xlabel("training step")
+        ax.set_ylabel("test NLL")
+        ax.set_title(f"claim {result.claim.number}: test NLL during training (first seed)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return drawn
+
+
+def best_variant(result: ClaimResult, metric: str, exclude: str = "ce") -> str | None:
+    """The variant other than ``exclude`` with the lowest mean ``metric`` (None if none)."""
+    candidates = [
+        name
+        for name in result.table
+        if name != exclude and not math.isnan(stats(result.table, name, metric).mean)
+    ]
+    return min(candidates, key=lambda n: stats(result.table, n, metric).mean, default=None)
+
+
+def scaling_reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
+    """Test reliability diagrams of CE and of the loss with the lowest mean test ECE, before
+    and after temperature scaling (first seed), from the bins logged in MLflow."""
+    from ..calibration.diagram import reliability_diagram
+
+    best = best_variant(result, "rep/test_ece")
+    runs = first_seed_runs(result)
+    if best is None or "ce" not in runs:
+        return []
+    client = client_for(tracking_uri)
+    plt = _pyplot()
+    names = []
+    for variant in ("ce", best):
+        for artifact, suffix, when in (
+            (BINS_ARTIFACT, "", "test"),
+            (SCALED_BINS_ARTIFACT, "_scaled", "test, after temperature scaling"),
+        ):
+            with tempfile.TemporaryDirectory() as scratch:
+                bins = read_json(client, runs[variant], artifact, Path(scratch))
+            if bins is None:
+                continue
+            name = f"claim{result.claim.number}_reliability_{variant}{suffix}.png"
+            counts = (as_array(bins[key]) for key in ("count", "conf_sum", "correct"))
+            plt.close(reliability_diagram(*counts, path=out / name, title=f"{variant} ({when})"))
+            names.append(name)
+    return names
+
+
 def pr_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
     """Test precision-recall curves of the rare class, first seed of each variant."""
     client = client_for(tracking_uri)
@@ -331,6 +398,7 @@ def claim_markdown(result: ClaimResult) -> list[str]:
         "",
         *table_markdown(result),
         "",
+        *([*claim.extra(result.table), ""] if claim.extra else []),
         *failures_markdown(result),
         f"**Verdict: {result.verdict}** — {numbers}.",
         "",

@@ -29,6 +29,10 @@ COMPLETE_TAG = "reproduce_complete"
 N_BINS = 15
 #: Artifact holding the test reliability bins.
 BINS_ARTIFACT = "reproduce/test_bins.json"
+#: Artifact holding the test reliability bins after temperature scaling (multiclass).
+SCALED_BINS_ARTIFACT = "reproduce/test_bins_scaled.json"
+#: The test-NLL curve logged during training by :class:`~lightning_losses.callbacks.SplitCurves`.
+TEST_NLL_CURVE = "curve/test_nll"
 #: Artifact holding the rare class's test precision-recall curve (binary tasks).
 PR_ARTIFACT = "reproduce/test_pr_curve.json"
 #: Most points kept of a precision-recall curve.
@@ -67,6 +71,28 @@ def find_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str
     clauses = [f"tags.{key} = '{value}'" for key, value in {**tags, COMPLETE_TAG: "1"}.items()]
     runs = client.search_runs(
         [found.experiment_id],
+        filter_string=" and ".join(clauses),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def find_equivalent_run(client: MlflowClient, tags: dict[str, str]) -> str | None:
+    """A complete run of any claim with the same config, overrides, seed and epochs, else None.
+
+    Two claims may share an arm (claim 8's cross-entropy CNN is claim 7's CNN): the run is
+    found by ``variant_fingerprint``, ``seed`` and ``epochs``, whatever its claim and variant
+    name, and reused instead of trained twice.
+    """
+    keys = ("variant_fingerprint", "seed", "epochs")
+    clauses = [f"tags.{key} = '{tags[key]}'" for key in keys]
+    clauses.append(f"tags.{COMPLETE_TAG} = '1'")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return None
+    runs = client.search_runs(
+        experiments,
         filter_string=" and ".join(clauses),
         order_by=["attributes.start_time DESC"],
         max_results=1,
@@ -199,19 +225,34 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
     """Metrics of the fitted model on test, val and train, plus test artifacts.
 
     Keys: ``test_<m>``, ``val_<m>``, ``train_<m>``, ``nll_gap`` (val NLL - train NLL) and
-    ``scale`` (the cosine head's final scale) where the model has one. Artifacts, by path:
-    the test reliability bins (multiclass) or the test precision-recall curve (binary).
+    ``scale`` (the cosine head's final scale) where the model has one. For multiclass models
+    also the temperature ``T`` fitted on the validation split
+    (:func:`~lightning_losses.calibration.scaling.fit_temperature`) as ``temperature`` and the
+    test metrics of ``logits / T`` as ``ts_test_<m>``. Artifacts, by path: the test
+    reliability bins before and after scaling (multiclass) or the test precision-recall curve
+    (binary).
     """
     compute = SPLIT_METRICS[model.task]
     metrics: dict[str, float] = {}
     artifacts: dict[str, Any] = {}
+    logits_of = {}
     for split in ("test", "val", "train"):
         logits, target = predict_logits(model, datamodule, split)
+        logits_of[split] = (logits, target)
         metrics.update({f"{split}_{k}": v for k, v in compute(logits, target).items()})
         if split == "test" and model.task == "multiclass":
             artifacts[BINS_ARTIFACT] = reliability_bins(logits, target)
         if split == "test" and model.task == "binary":
             artifacts[PR_ARTIFACT] = pr_curve(logits, target)
+    if model.task == "multiclass":
+        from ..calibration.scaling import fit_temperature
+
+        temperature = fit_temperature(*logits_of["val"])
+        scaled = logits_of["test"][0] / temperature
+        target = logits_of["test"][1]
+        metrics["temperature"] = temperature
+        metrics.update({f"ts_test_{k}": v for k, v in compute(scaled, target).items()})
+        artifacts[SCALED_BINS_ARTIFACT] = reliability_bins(scaled, target)
     metrics["nll_gap"] = metrics["val_nll"] - metrics["train_nll"]
     scale = getattr(model.head, "scale", None)
     if scale is not None:
@@ -243,8 +284,24 @@ def train_variant(
         sys.argv[1:] = argv
     run_id = cli.trainer.logger.run_id
     metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
-    log_post_fit(client_for(tracking_uri), run_id, metrics, artifacts)
+    client = client_for(tracking_uri)
+    metrics.update(curve_summary(client, run_id))
+    log_post_fit(client, run_id, metrics, artifacts)
     return run_id
+
+
+def curve_summary(client: MlflowClient, run_id: str) -> dict[str, float]:
+    """The test-NLL curve's minimum and how far the last value rose above it.
+
+    ``test_nll_min`` and ``test_nll_rise`` (last - minimum, ``>= 0``) of
+    :data:`TEST_NLL_CURVE`, read back from the run; nothing when the run has no such curve.
+    """
+    from ..tracking import metric_history
+
+    history = [m.value for m in metric_history(client, run_id, TEST_NLL_CURVE)]
+    if not history:
+        return {}
+    return {"test_nll_min": min(history), "test_nll_rise": history[-1] - min(history)}
 
 
 def run_or_reuse(
@@ -257,7 +314,8 @@ def run_or_reuse(
     """
     epochs = variant.scaled_epochs(scale)
     client = client_for(tracking_uri)
-    found = find_run(client, claim.experiment, run_tags(claim, variant, seed, epochs))
+    tags = run_tags(claim, variant, seed, epochs)
+    found = find_run(client, claim.experiment, tags) or find_equivalent_run(client, tags)
     if found is not None:
         return found, True
     return train_variant(claim, variant, seed, epochs, tracking_uri, out), False

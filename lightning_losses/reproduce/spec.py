@@ -368,6 +368,8 @@ class Claim:
         conditions: builds the verdict conditions from the table.
         rule: the verdict rule in words, printed in the report.
         fixed_variants: the runs when they do not come from an experiment file.
+        extra: more markdown for the claim's section, built from the table (per-loss
+            verdicts, published numbers beside ours).
     """
 
     number: int
@@ -378,6 +380,7 @@ class Claim:
     conditions: Callable[[Table], list[Condition]] = field(default=lambda table: [])
     rule: str = ""
     fixed_variants: tuple[Variant, ...] = ()
+    extra: Callable[[Table], list[str]] | None = None
 
     @property
     def experiment(self) -> str:
