@@ -26,11 +26,11 @@ from .report import (
     collect,
     curves_figure,
     metrics_figure,
+    nll_curves_figure,
     pr_figure,
     reliability_figures,
     scale_figure,
     scaling_reliability_figures,
-    test_nll_figure,
     write_report,
 )
 from .runner import COMPLETE_TAG, client_for, find_run, run_or_reuse, run_tags
@@ -194,7 +194,7 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
     if number in (2, 3):
         names += reliability_figures(result, tracking_uri, out)
     nll_curves = f"claim{number}_test_nll.png"
-    if test_nll_figure(result, tracking_uri, out / nll_curves):
+    if nll_curves_figure(result, tracking_uri, out / nll_curves):
         names.append(nll_curves)
     if number == 8:
         names += scaling_reliability_figures(result, tracking_uri, out)

@@ -178,7 +178,7 @@ def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> li
     return names
 
 
-def test_nll_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
+def nll_curves_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
     """Test NLL against training step (first seed of each variant), from the SplitCurves log.
 
     Nothing is drawn for a claim whose runs have no ``curve/test_nll`` history.
