@@ -64,7 +64,8 @@ def feature_incay(
     """Feature Incay regulariser ``1 / ||f||^2`` per row (mean by default).
 
     Adding it to the loss pushes feature norms up, which sharpens the softmax of normalised
-    heads; it is the seed's remedy for features whose norm is too small.
+    heads; it is the remedy of Wang Feng's "Understanding softmax" for features whose norm is
+    too small.
 
     Source: Yuan et al., "Feature Incay for Representation Regularization" (2017).
 

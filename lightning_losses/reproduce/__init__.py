@@ -1,4 +1,4 @@
-"""``lightning-losses reproduce``: test the seeds' claims with tracked runs and write a report.
+"""``lightning-losses reproduce``: test the sources' claims with tracked runs, write a report.
 
 ``lightning-losses reproduce [--claims 1 3] [--seeds 3] [--out reports/] [--tracking-uri URI]
 [--epochs-scale F]`` runs (or reuses, by MLflow tags) every variant of each claim for each

@@ -77,7 +77,8 @@ CLAIM_1 = Claim(
     1,
     "threshold-model",
     "Cross-entropy and hinge miss the perfect threshold without a temperature",
-    "Seed 000: on (-0.25, neg), (0, neg), (0.25, pos) with f(x) = x - b, sigmoid CE is "
+    'Su Jianlin, "How to train your accuracy?": on (-0.25, neg), (0, neg), (0.25, pos) with '
+    "f(x) = x - b, sigmoid CE is "
     "minimised at b = 0.7 and hinge is flat on [0.75, 1], outside the perfect interval (0, 0.25); "
     "with f(x) = k (x - b), k learnable, both reach it.",
     (
@@ -124,7 +125,8 @@ CLAIM_2 = Claim(
     2,
     "smooth-accuracy",
     "Optimising the smooth accuracy does not beat cross-entropy",
-    "Seed 000: directly optimising the smooth accuracy (1 - p_t, EXACT) does not reach the "
+    'Su Jianlin, "How to train your accuracy?": directly optimising the smooth accuracy '
+    "(1 - p_t, EXACT) does not reach the "
     "accuracy of cross-entropy, and -log E[p] (EXACT, log=True) is not better than -E[p].",
     MULTICLASS_METRICS,
     smooth_accuracy_conditions,
@@ -163,7 +165,8 @@ CLAIM_3 = Claim(
     3,
     "gamma-ce",
     "gamma-CE lowers overconfidence at about the same accuracy",
-    "Seed 001 (TaiLr): gamma-CE with gamma in (0, 1), fixed or annealed from 0 towards 1, and "
+    'Su Jianlin, "A simple remedy for the overconfidence of cross-entropy" (on TaiLr, Ji '
+    "et al., ICLR 2023): gamma-CE with gamma in (0, 1), fixed or annealed from 0 towards 1, and "
     "TaiLr's threshold form -max(b, w) log p_t, lower overconfidence (ECE, the gap between "
     "validation and training NLL) at about the accuracy of CE.",
     MULTICLASS_METRICS,
@@ -208,7 +211,8 @@ CLAIM_4 = Claim(
     4,
     "rare-class",
     "Focal and soft truncation beat cross-entropy on a rare class",
-    f"Seed 004: on imbalanced data (digit {RARE_DIGIT} vs rest, 5% positives) focal loss and the "
+    f'Su Jianlin, "From hard truncation of the loss, through softening, to focal loss": on '
+    f"imbalanced data (digit {RARE_DIGIT} vs rest, 5% positives) focal loss and the "
     "soft truncation loss (k = 1, 2) beat sigmoid cross-entropy on the rare class; hard "
     "truncation needs more epochs. Their calibration (test ECE) is shown, not part of the "
     "verdict.",
@@ -234,7 +238,7 @@ def _best_fixed_scale(table: Table, metric: str, lowest: bool = False) -> str:
 
 
 def scale_conditions(table: Table) -> list[Condition]:
-    """Claim 5: the seed's statements on small and large scales, temperature and NormFace."""
+    """Claim 5: the source's statements on small and large scales, temperature and NormFace."""
     from ..functional import normface_min_scale
 
     acc, nll = "rep/test_acc", "rep/test_nll"
@@ -276,7 +280,8 @@ CLAIM_5 = Claim(
     5,
     "logit-scale",
     "The scale of the logits decides whether softmax can fit",
-    "Seed 003: softmax approximates a one-hot max only when the logits are large enough: with "
+    'Wang Feng, "Understanding softmax: controlling its smoothness": softmax approximates a '
+    "one-hot max only when the logits are large enough: with "
     "normalised logits (NormFace) too small a scale keeps the model from a good result and "
     "too large a scale hurts generalisation; a fixed temperature on a linear head is absorbed "
     "by the layer before it given enough training; the scale a softmax needs can be estimated "
@@ -306,7 +311,8 @@ CLAIM_6 = Claim(
     6,
     "n-by-m",
     "n-by-m softmax CE: pairwise works, centered ranks the target first less often",
-    "Seed 002: for n tasks of m classes with hard labels, the pairwise n-by-m loss works; the "
+    'Su Jianlin, "An unsuccessful attempt: extending multi-label cross-entropy to n m-class '
+    'tasks": for n tasks of m classes with hard labels, the pairwise n-by-m loss works; the '
     "centered variant ranks the target first less often.",
     (
         ("rep/test_acc", "target ranked first (test)"),

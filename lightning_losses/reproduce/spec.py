@@ -363,7 +363,7 @@ class Claim:
         number: claim number (1...).
         slug: short name; the MLflow experiment is ``claim-<number>-<slug>``.
         title: one line.
-        statement: the claim as the seed makes it, and its seed.
+        statement: the claim as its source makes it, and the source by author and title.
         metrics: ``(MLflow metric key, column header)`` of the table.
         conditions: builds the verdict conditions from the table.
         rule: the verdict rule in words, printed in the report.
