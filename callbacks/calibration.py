@@ -350,9 +350,10 @@ class TemperatureScalingCallback(Callback):
     ``[N]`` logits (n-by-m tasks are flattened to multiclass); multi-label outputs are skipped
     with a warning.
 
-    With ``apply_to_model=True`` and a model that has a ``temperature`` attribute (such as
-    :class:`lightning_losses.models.ClassifierModule`), that attribute is multiplied by the
-    fitted value, so later predictions are calibrated.
+    With ``apply_to_model=True`` the model's ``temperature`` attribute (such as that of
+    :class:`lightning_losses.models.ClassifierModule`) is multiplied by the fitted value, so
+    later predictions are calibrated; a model without one is an error at set-up, before any
+    training step.
 
     Args:
         n_bins: bins of the reported ECE.
@@ -367,6 +368,16 @@ class TemperatureScalingCallback(Callback):
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
         self.report: dict[str, float] = {}
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.apply_to_model and not hasattr(pl_module, "temperature"):
+            raise ValueError(
+                f"TemperatureScalingCallback(apply_to_model=True) scales "
+                f"{type(pl_module).__name__}.temperature, which it does not have: give the "
+                "module a `temperature` that divides its logits (ClassifierModule has one), "
+                "or use apply_to_model=False to fit and log the temperature only"
+            )
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
@@ -423,7 +434,7 @@ class TemperatureScalingCallback(Callback):
         scaler = TemperatureScaler(max_iter=self.max_iter).fit(logits, target)
         report = scaler.report(logits, target, n_bins=self.n_bins)
         self.report = {key: float(value) for key, value in report.items()}
-        if self.apply_to_model and hasattr(pl_module, "temperature"):
+        if self.apply_to_model:
             pl_module.temperature = pl_module.temperature * self.report["temperature"]
         metrics = {
             "calibration/temperature": self.report["temperature"],

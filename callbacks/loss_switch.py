@@ -133,6 +133,13 @@ class LossSwitch(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        if getattr(pl_module, "criterion", None) is None:
+            raise ValueError(
+                f"LossSwitch sets {type(pl_module).__name__}.criterion, which it does not have: "
+                "the module must compute its loss as self.criterion(logits, target) (e.g. "
+                "through lightning_losses.LossMixin's set_criterion / compute_loss), or the "
+                "switch would change nothing"
+            )
         modules = []
         for i, spec in enumerate(self.criteria):
             try:

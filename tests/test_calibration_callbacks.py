@@ -295,3 +295,34 @@ def test_a_val_nll_logged_at_epoch_end_is_the_module_one_in_every_epoch(tmp_path
     fit(tmp_path, model, DigitsDataModule(batch_size=200), [CalibrationMonitor()], epochs=2)
     assert logged_column(tmp_path, "val/nll") == [42.0, 42.0]
     assert len(logged_column(tmp_path, "val/ece")) == 2
+
+
+class NoTemperature(LossMixin, L.LightningModule):
+    """A plain module with a criterion but no ``temperature`` attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+        self.set_criterion("ce")
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        raise AssertionError("training must not start")
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return self.validation_output(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_apply_to_model_without_a_temperature_fails_at_setup(tmp_path):
+    dm = DigitsDataModule(batch_size=64)
+    callback = TemperatureScalingCallback(apply_to_model=True)
+    with pytest.raises(
+        ValueError, match=r"apply_to_model=True\) scales NoTemperature\.temperature"
+    ):
+        fit(tmp_path, NoTemperature(), dm, [callback])

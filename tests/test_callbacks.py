@@ -289,6 +289,12 @@ def test_module_without_criterion_fails_at_setup():
         fit([GammaAnnealing()], model=NoCriterion())
 
 
+def test_loss_switch_on_a_module_without_criterion_fails_at_setup():
+    # A module that computes its loss itself: switching would change nothing, silently.
+    with pytest.raises(ValueError, match=r"LossSwitch sets NoCriterion\.criterion"):
+        fit([LossSwitch(["ce", "focal"], milestones=[1])], model=NoCriterion())
+
+
 def test_fraction_with_unbounded_epochs_fails_before_the_first_step():
     model = Tiny()
     trainer = L.Trainer(
