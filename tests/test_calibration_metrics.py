@@ -788,3 +788,15 @@ def test_imports_stay_light():
 def test_functional_namespace():
     assert cal.calibration_error is CF.calibration_error
     assert set(CF.__all__) <= set(cal.__all__)
+
+
+@pytest.mark.parametrize("input_format", ["logits", "probs"])
+def test_one_column_preds_are_told_to_pass_n_for_binary(input_format):
+    preds = torch.rand(8, 1) if input_format == "probs" else torch.randn(8, 1)
+    target = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+    with pytest.raises(
+        ValueError, match=r"preds \[N, 1\].*for a binary problem pass preds as \[N\]"
+    ):
+        cal.calibration_error(preds, target, input_format=input_format)
+    # what the message recommends is accepted
+    cal.calibration_error(preds.squeeze(1), target, input_format=input_format)

@@ -116,6 +116,12 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
             f"cannot match {shapes}: expected preds [N] with target [N] (binary), preds [N, C] "
             "with target [N] (multiclass) or preds [N, K] with target [N, K] (multilabel)"
         )
+    if found == "multiclass" and preds.shape[1] == 1:
+        raise ValueError(
+            f"preds [N, 1] with target [N] ({shapes}) has one class: for a binary problem pass "
+            "preds as [N] (one probability or logit per sample, e.g. preds.squeeze(1)), or "
+            "[N, 2] for the top label of two classes"
+        )
     if task is not None and task != found:
         raise ValueError(f"task={task!r} does not fit {shapes}, which have the {found} shapes")
     if found == "multiclass" and (
