@@ -26,8 +26,8 @@ class SplitCurves(Callback):
     - ``curve/<split>_nll``: ``-(1/N) sum_i log p_i[y_i]`` (softmax for ``[N, C]`` logits,
       sigmoid for ``[N]`` binary logits),
     - ``curve/<split>_acc``: top-1 accuracy (``logit > 0`` for binary),
-    - ``curve/<split>_ece``: top-label ECE with ``n_bins`` equal-width bins
-      (:func:`lightning_losses.calibration.functional.binned_statistics`).
+    - ``curve/<split>_ece``: ECE with ``n_bins`` equal-width bins, as ``CalibrationMonitor``
+      computes it (top label for multiclass, positive class for binary).
 
     This is how a test NLL that rises while the training NLL goes to zero is drawn (Mukhoti et
     al., "Calibrating Deep Neural Networks using Focal Loss", NeurIPS 2020, Figure 1). The
@@ -116,10 +116,10 @@ class SplitCurves(Callback):
             for batch in self._loader(trainer):
                 x, target = batch[0].to(pl_module.device), batch[1].to(pl_module.device)
                 logits = pl_module(x)
-                nll, confidence, correct = nll_confidence_correct(logits, target)
+                nll, hit, confidence, correct = curve_terms(logits, target)
                 _, conf_sum, correct_sum = binned_statistics(confidence, correct, self.n_bins)
                 sums[0] += nll.sum(dtype=torch.float64)
-                sums[1] += correct.sum(dtype=torch.float64)
+                sums[1] += hit.sum()
                 sums[2] += target.shape[0]
                 sums[3:] += torch.cat([conf_sum, correct_sum]).to(sums.device)
         finally:
@@ -127,30 +127,37 @@ class SplitCurves(Callback):
         return sums
 
 
-def nll_confidence_correct(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample NLL, top-label confidence and correctness (float64) of ``[N, C]`` or ``[N]``.
+def curve_terms(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-sample NLL, hit (top-1, or ``logit > 0`` for binary), confidence and correctness.
+
+    All float64. Confidence and correctness are those of
+    :func:`~lightning_losses.calibration.functional.confidence_and_correct` (top label for
+    ``[N, C]``; the positive class for ``[N]``, as ``CalibrationMonitor``'s ``val/ece``), so
+    the ECE curve's last value equals the monitor's ECE of the same split and epoch.
 
     Example:
-        >>> nll, confidence, correct = nll_confidence_correct(
+        >>> nll, hit, confidence, correct = curve_terms(
         ...     torch.tensor([[0.0, 1.0], [2.0, 0.0]]), torch.tensor([1, 1])
         ... )
-        >>> nll.round(decimals=4).tolist(), correct.tolist()
+        >>> nll.round(decimals=4).tolist(), hit.tolist()
         ([0.3133, 2.1269], [1.0, 0.0])
     """
+    from lightning_losses.calibration.functional import confidence_and_correct
+
+    if logits.ndim not in (1, 2):
+        raise ValueError(
+            f"SplitCurves needs [N, C] (multiclass) or [N] (binary) logits; got "
+            f"{tuple(logits.shape)}"
+        )
     z = logits.detach().to(torch.float64)
     if z.ndim == 2:
-        log_probs = F.log_softmax(z, dim=1)
-        nll = -log_probs.gather(1, target.long()[:, None]).squeeze(1)
-        top, predicted = log_probs.max(dim=1)
-        return nll, top.exp(), (predicted == target).to(torch.float64)
-    if z.ndim == 1:
-        y = target.to(torch.float64)
-        nll = F.binary_cross_entropy_with_logits(z, y, reduction="none")
-        p = torch.sigmoid(z)
-        return nll, torch.maximum(p, 1 - p), ((z > 0).to(torch.float64) == y).to(torch.float64)
-    raise ValueError(
-        f"SplitCurves needs [N, C] (multiclass) or [N] (binary) logits; got {tuple(z.shape)}"
-    )
+        nll = F.cross_entropy(z, target.long(), reduction="none")
+        hit = z.argmax(dim=1) == target
+    else:
+        nll = F.binary_cross_entropy_with_logits(z, target.to(torch.float64), reduction="none")
+        hit = (z > 0) == (target > 0.5)
+    confidence, correct = confidence_and_correct(z, target, input_format="logits")
+    return nll, hit.to(torch.float64), confidence, correct.to(torch.float64)
 
 
 def curve_values(sums: Sequence[float] | Tensor, n_bins: int) -> dict[str, float]:

@@ -48,13 +48,15 @@ def reference(model, datamodule, split: str, n_bins: int = 15) -> dict[str, floa
         p = torch.sigmoid(logits)
         y = target.double()
         nll = float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
-        confidence = torch.maximum(p, 1 - p)
-        correct = ((p > 0.5).double() == y).double()
+        accuracy = float(((p > 0.5).double() == y).double().mean())
+        # binary ECE of the positive class, as CalibrationMonitor (and netcal) compute it
+        confidence, correct = p, y
     else:
         log_probs = torch.log_softmax(logits, dim=1)
         nll = float(-log_probs[torch.arange(len(target)), target].mean())
         confidence, predicted = log_probs.exp().max(dim=1)
         correct = (predicted == target).double()
+        accuracy = float(correct.mean())
     ece = 0.0
     for k in range(n_bins):
         members = (confidence > k / n_bins) & (confidence <= (k + 1) / n_bins)
@@ -63,7 +65,7 @@ def reference(model, datamodule, split: str, n_bins: int = 15) -> dict[str, floa
         if members.any():
             gap = abs(float(confidence[members].mean() - correct[members].mean()))
             ece += float(members.double().mean()) * gap
-    return {"nll": nll, "acc": float(correct.mean()), "ece": ece}
+    return {"nll": nll, "acc": accuracy, "ece": ece}
 
 
 def test_curves_are_logged_every_n_epochs_and_at_the_last(tmp_path):
@@ -79,7 +81,7 @@ def test_curves_are_logged_every_n_epochs_and_at_the_last(tmp_path):
         assert curve_rows(rows, f"curve/test_{name}")[-1][1] == pytest.approx(value, abs=1e-6)
 
 
-def test_binary_curves_use_the_sigmoid(tmp_path):
+def test_binary_curves_use_the_sigmoid_and_the_monitors_ece_convention(tmp_path):
     dm = RareDigitDataModule(batch_size=128)
     model, rows = fit(
         tmp_path,
