@@ -10,7 +10,6 @@ hyper-parameters of its shipped config, with no per-loss tuning.
 from __future__ import annotations
 
 from .spec import (
-    NOISE_SE,
     Claim,
     Condition,
     Table,
@@ -18,7 +17,6 @@ from .spec import (
     against,
     compare,
     mean_of,
-    paired_standard_error,
     stats,
 )
 
@@ -335,23 +333,17 @@ PUBLISHED_TOLERANCE = 0.03
 NEAR_ZERO_NLL = 0.01
 
 
-def _noise(table: Table, variant: str, metric: str) -> float:
-    a = stats(table, variant, metric)
-    return NOISE_SE * a.std / a.n**0.5 if a.n > 1 else 0.0
-
-
 def benchmark_conditions(table: Table) -> list[Condition]:
     """Claim 7: each model within 3 points of its published accuracy; CE's CNN overfits."""
     acc = "rep/test_acc"
     conditions = []
     for name, published in PUBLISHED_ACCURACY.items():
-        mean, noise = mean_of(table, name, acc), _noise(table, name, acc)
         for op, bound in (
             (">=", published - PUBLISHED_TOLERANCE),
             ("<=", published + PUBLISHED_TOLERANCE),
         ):
             text = f"acc({name}) {op} {published:g} {'-' if op == '>=' else '+'} 0.03"
-            conditions.append(Condition(text, mean, op, bound, noise, noise_holds=True))
+            conditions.append(against(table, text, name, acc, op, bound, noise_holds=True))
     conditions += [
         against(table, f"train NLL(cnn) < {NEAR_ZERO_NLL:g}", "cnn", "rep/train_nll", "<", 0.01),
         against(
@@ -419,20 +411,6 @@ CALIBRATION_LOSSES = (
 TARGET_BAND = 0.005
 
 
-def compare_metrics(
-    table: Table,
-    text: str,
-    left: tuple[str, str],
-    op: str,
-    right: tuple[str, str],
-    noise_holds: bool = False,
-) -> Condition:
-    """``mean(left) op mean(right)`` on two ``(variant, metric)`` pairs, paired seed noise."""
-    a, b = stats(table, *left), stats(table, *right)
-    noise = NOISE_SE * paired_standard_error(a.values, b.values)
-    return Condition(text, a.mean, op, b.mean, noise, noise_holds)
-
-
 def loss_verdicts(table: Table, name: str) -> dict[str, Condition]:
     """Verdicts (a)-(d) of one loss against cross-entropy, with the paired seed noise."""
     ece, scaled, acc = "rep/test_ece", "rep/ts_test_ece", "rep/test_acc"
@@ -448,11 +426,11 @@ def loss_verdicts(table: Table, name: str) -> dict[str, Condition]:
             offset=-ACC_TOLERANCE,
             noise_holds=True,
         ),
-        "c": compare_metrics(
-            table, f"ECE({name}) < ECE(ce + TS)", (name, ece), "<", ("ce", scaled)
+        "c": compare(
+            table, f"ECE({name}) < ECE(ce + TS)", name, "<", "ce", ece, right_metric=scaled
         ),
-        "d": compare_metrics(
-            table, f"ECE({name} + TS) < ECE({name})", (name, scaled), "<", (name, ece)
+        "d": compare(
+            table, f"ECE({name} + TS) < ECE({name})", name, "<", name, scaled, right_metric=ece
         ),
     }
 
@@ -467,13 +445,8 @@ def calibration_conditions(table: Table) -> list[Condition]:
 
 
 def ece_band(table: Table) -> float:
-    """The largest 2-SE band of the paired ECE differences (each loss - CE)."""
-    values = stats(table, "ce", "rep/test_ece").values
-    bands = [
-        NOISE_SE * paired_standard_error(stats(table, name, "rep/test_ece").values, values)
-        for name in CALIBRATION_LOSSES
-        if name in table
-    ]
+    """The largest 2-SE band of the paired ECE differences (each loss - CE): verdict (a)'s."""
+    bands = [loss_verdicts(table, name)["a"].noise for name in CALIBRATION_LOSSES if name in table]
     return max(bands, default=float("nan"))
 
 

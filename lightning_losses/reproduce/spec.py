@@ -204,8 +204,12 @@ def compare(
     *,
     offset: float = 0.0,
     noise_holds: bool = False,
+    right_metric: str | None = None,
 ) -> Condition:
     """``mean(left) op mean(right) + offset`` on ``metric``, with the paired seed noise.
+
+    With ``right_metric`` the right-hand side is that metric of ``right`` (e.g. the ECE after
+    temperature scaling against the ECE before), still paired by seed.
 
     Args:
         table: the claim's table.
@@ -216,17 +220,31 @@ def compare(
         metric: MLflow metric key.
         offset: added to the right-hand mean (a tolerance, e.g. ``-0.01``).
         noise_holds: a difference within the noise supports the claim.
+        right_metric: the right-hand metric, when it is not ``metric``.
     """
-    a, b = stats(table, left, metric), stats(table, right, metric)
+    a, b = stats(table, left, metric), stats(table, right, right_metric or metric)
     noise = NOISE_SE * paired_standard_error(a.values, b.values)
     return Condition(text, a.mean, op, b.mean + offset, noise, noise_holds)
 
 
-def against(table: Table, text: str, variant: str, metric: str, op: str, value: float) -> Condition:
-    """``mean(variant) op value`` on ``metric``, with the standard error of the mean as noise."""
+def against(
+    table: Table,
+    text: str,
+    variant: str,
+    metric: str,
+    op: str,
+    value: float,
+    *,
+    noise_holds: bool = False,
+) -> Condition:
+    """``mean(variant) op value`` on ``metric``, with the standard error of the mean as noise.
+
+    ``noise_holds``: a mean within the noise of ``value`` supports the claim ("within 3
+    points of the published number").
+    """
     a = stats(table, variant, metric)
     noise = NOISE_SE * a.std / math.sqrt(a.n) if a.n > 1 else 0.0
-    return Condition(text, a.mean, op, value, noise)
+    return Condition(text, a.mean, op, value, noise, noise_holds)
 
 
 def config_path(config: str) -> str:
