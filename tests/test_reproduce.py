@@ -353,3 +353,44 @@ def test_pr_curve_is_sklearns_curve_thinned_to_at_most_200_points() -> None:
     assert set(zip(curve["precision"], curve["recall"], strict=True)) <= points
     assert (curve["precision"][0], curve["recall"][0]) == (precision[0], recall[0])
     assert (curve["precision"][-1], curve["recall"][-1]) == (precision[-1], recall[-1])
+
+
+def test_jobs_run_fits_in_worker_processes_into_a_new_store(tmp_path, monkeypatch, capsys) -> None:
+    # Two worker processes on a store that does not exist yet: its schema is created once,
+    # before they start, and every run lands in MLflow with the progress lines in order.
+    from mlflow.tracking import MlflowClient
+
+    from lightning_losses.reproduce import run_claim
+    from lightning_losses.reproduce.spec import Claim
+
+    monkeypatch.chdir(tmp_path)
+    claim = Claim(
+        98,
+        "jobs",
+        "two fits at a time",
+        "a test",
+        (("rep/test_acc", "test acc"),),
+        lambda table: [],  # not picklable: the workers get the claim without it
+        fixed_variants=(
+            Variant("ce", "configs/digits_ce.yaml", epochs=1),
+            Variant("focal", "configs/digits_focal.yaml", epochs=1),
+        ),
+    )
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    runs, reused, failures = run_claim(claim, 2, 1.0, uri, tmp_path, jobs=2)
+    assert failures == [] and reused == 0
+    assert sorted(runs) == [("ce", 0), ("ce", 1), ("focal", 0), ("focal", 1)]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(claim.experiment)
+    found = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(found) == set(runs.values())
+    for (variant, seed), run_id in runs.items():
+        tags = found[run_id].data.tags
+        assert (tags["variant"], tags["seed"], tags["reproduce_complete"]) == (
+            variant,
+            str(seed),
+            "1",
+        )
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [line.split(" claim")[0] for line in progress] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert all(re.search(r": \w{32} \(\d+\.\d s\) ETA \d+ s$", line) for line in progress)

@@ -152,6 +152,8 @@ def run_claim(
         return runs, reused_count, failures
     import multiprocessing
 
+    # Create the store (its schema) here, before the workers race to create it.
+    client_for(tracking_uri).search_experiments(max_results=1)
     portable = dataclasses.replace(claim, conditions=_no_conditions, extra=None)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(
@@ -256,8 +258,6 @@ def reproduce_all(
 
     uri = resolve_tracking_uri(tracking_uri)
     out.mkdir(parents=True, exist_ok=True)
-    # Create the store (its schema) here, before worker processes race to create it.
-    client_for(uri).search_experiments(max_results=1)
     started = time.perf_counter()
     results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs) for n in claims]
     more = [
