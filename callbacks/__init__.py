@@ -1,5 +1,6 @@
 """Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""
 
+from .adafocal import AdaFocalUpdate
 from .calibration import CalibrationMonitor, TemperatureScalingCallback
 from .curves import SplitCurves
 from .loss_scheduler import GammaAnnealing, LossScheduler
@@ -15,6 +16,7 @@ from .schedules import (
 )
 
 __all__ = [
+    "AdaFocalUpdate",
     "CalibrationMonitor",
     "ConstantSchedule",
     "CosineSchedule",

@@ -59,12 +59,33 @@ def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tenso
     return torch.cat([rows[:n] for rows, n in zip(gathered, lengths, strict=True)])
 
 
-def _draw(bins: tuple[Tensor, ...], path: Path, title: str, artifact_loggers: list[Any]) -> None:
+def figure_folder(trainer: pl.Trainer) -> Path:
+    """``<run folder>/calibration``: the TrackingLogger's run folder, else the log dir."""
+    run_dir = getattr(trainer.logger, "local_run_dir", None)  # TrackingLogger's run folder
+    return Path(run_dir or trainer.log_dir or trainer.default_root_dir) / "calibration"
+
+
+def artifact_loggers(trainer: pl.Trainer) -> list[Any]:
+    """One ``log(path, artifact_path=...)`` per logger that stores files (MLflow's)."""
+    found = []
+    for logger in trainer.loggers:
+        log_file = getattr(logger, "log_file", None)  # TrackingLogger: spools on failure
+        if callable(log_file):
+            found.append(log_file)
+            continue
+        run_id = getattr(logger, "run_id", None)
+        log_artifact = getattr(getattr(logger, "experiment", None), "log_artifact", None)
+        if run_id is not None and callable(log_artifact):  # a plain MLFlowLogger
+            found.append(functools.partial(log_artifact, run_id))
+    return found
+
+
+def _draw(bins: tuple[Tensor, ...], path: Path, title: str, loggers: list[Any]) -> None:
     from lightning_losses.calibration.diagram import reliability_diagram
 
     path.parent.mkdir(parents=True, exist_ok=True)
     reliability_diagram(*bins, path=path, title=title)
-    for log_file in artifact_loggers:
+    for log_file in loggers:
         log_file(str(path), artifact_path="calibration")
 
 
@@ -244,24 +265,13 @@ class CalibrationMonitor(Callback):
         self, trainer: pl.Trainer, stage: str, epoch: int, bins: tuple[Tensor, ...]
     ) -> None:
         """Draw and save (and log to MLflow) in a background thread: training goes on."""
-        run_dir = getattr(trainer.logger, "local_run_dir", None)  # TrackingLogger's run folder
-        folder = Path(run_dir or trainer.log_dir or trainer.default_root_dir) / "calibration"
-        path = folder / f"{stage}_epoch={epoch:03d}.png"
-        artifact_loggers = []
-        for logger in trainer.loggers:
-            log_file = getattr(logger, "log_file", None)  # TrackingLogger: spools on failure
-            if callable(log_file):
-                artifact_loggers.append(log_file)
-                continue
-            run_id = getattr(logger, "run_id", None)
-            log_artifact = getattr(getattr(logger, "experiment", None), "log_artifact", None)
-            if run_id is not None and callable(log_artifact):  # a plain MLFlowLogger
-                artifact_loggers.append(functools.partial(log_artifact, run_id))
+        path = figure_folder(trainer) / f"{stage}_epoch={epoch:03d}.png"
+        loggers = artifact_loggers(trainer)
         bins = tuple(b.detach().cpu() for b in bins)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagram")
         self._pending.append(
-            self._executor.submit(_draw, bins, path, f"{stage}, epoch {epoch}", artifact_loggers)
+            self._executor.submit(_draw, bins, path, f"{stage}, epoch {epoch}", loggers)
         )
         self.last_diagram = path
 

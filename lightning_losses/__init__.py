@@ -6,6 +6,7 @@ are imported by the modules that use them.
 
 from .heads import NormFaceHead
 from .losses import (
+    AdaFocalLoss,
     AdaptiveFocalLoss,
     BinaryFocalLoss,
     BinaryHardTruncatedLoss,
@@ -28,6 +29,7 @@ from .registry import available_losses, get_loss, loss_class, register_loss
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaFocalLoss",
     "AdaptiveFocalLoss",
     "BinaryFocalLoss",
     "BinaryHardTruncatedLoss",

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as LF
-from .functional._validation import check_flag, check_loss_options
+from .functional._validation import check_flag, check_loss_options, check_range
+from .functional.adafocal import check_adafocal_bins
 from .functional.binary import check_binary_focal
 from .functional.exact import check_exact, check_exact_options
 from .functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
@@ -360,6 +361,94 @@ class AdaptiveFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+
+
+class AdaFocalLoss(FunctionalLoss):
+    """AdaFocal (:func:`~lightning_losses.functional.adafocal_loss`): one gamma per confidence bin.
+
+    The bins are state, not hyper-parameters: ``edges`` (``[num_bins + 1]``) and ``gammas``
+    (``[num_bins]``) are float64 buffers, so they follow the model between devices, stay
+    float64 under a module-wide dtype cast (``.half()``, ``precision="16-true"``) and are saved
+    in checkpoints: a resumed fit goes on with the gammas it had. They start as equal-width
+    bins ``k / num_bins`` with ``gamma_initial`` each; :class:`~lightning_losses.callbacks.
+    AdaFocalUpdate` replaces them after every validation epoch (equal-mass bins of the
+    validation confidences, gammas by the paper's rule). Without that callback the loss is
+    focal loss with ``gamma = gamma_initial``.
+
+    Source: Ghosh, Schaaf, Gormley, "AdaFocal: Calibration-aware Adaptive Focal Loss"
+    (NeurIPS 2022); the defaults are the paper's (15 bins, initial gamma 1).
+
+    Args:
+        num_bins: number of confidence bins, ``>= 1``.
+        gamma_initial: every bin's gamma before the first update (any finite real; negative is
+            inverse focal).
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+        validate_args: check targets, logits and the bins at each call.
+
+    Example:
+        >>> criterion = AdaFocalLoss(num_bins=15, gamma_initial=1.0)
+        >>> criterion(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))  # focal, gamma 1
+        tensor(0.0510)
+        >>> criterion.edges.shape, criterion.gammas.dtype
+        (torch.Size([16]), torch.float64)
+    """
+
+    function = staticmethod(LF.adafocal_loss)
+    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args")
+    edges: Tensor
+    gammas: Tensor
+
+    def __init__(
+        self,
+        *,
+        num_bins: int = 15,
+        gamma_initial: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+            raise ValueError(f"num_bins must be an integer >= 1; got {num_bins!r}")
+        check_range("gamma_initial", gamma_initial)
+        self.num_bins = num_bins
+        self.gamma_initial = float(gamma_initial)
+        # The reference's initial bins: lower edge k * (1 / B), in float64.
+        edges = [k * (1.0 / num_bins) for k in range(num_bins)] + [1.0]
+        self.register_buffer("edges", torch.tensor(edges, dtype=torch.float64))
+        self.register_buffer("gammas", torch.full((num_bins,), self.gamma_initial).double())
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
+        check_adafocal_bins(self.edges, self.gammas, validate_args=self.validate_args)
+
+    def set_bins(self, edges: Tensor | Sequence[float], gammas: Tensor | Sequence[float]) -> None:
+        """Replace the bins in place (their device and float64 dtype are kept)."""
+        edges = torch.as_tensor(edges, dtype=torch.float64)
+        gammas = torch.as_tensor(gammas, dtype=torch.float64)
+        check_adafocal_bins(edges, gammas)
+        if gammas.shape != self.gammas.shape:
+            raise ValueError(
+                f"gammas must hold num_bins={self.num_bins} values; got {gammas.numel()}"
+            )
+        self.edges.copy_(edges)
+        self.gammas.copy_(gammas)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> AdaFocalLoss:
+        # Move the bins with the module, but never round them: a dtype cast of the whole model
+        # (.half(), Lightning's "16-true") would otherwise change which bin a sample falls in.
+        saved = {name: self._buffers[name] for name in ("edges", "gammas")}
+        super()._apply(fn, *args, **kwargs)
+        for name, value in saved.items():
+            self._buffers[name] = value.to(self._buffers[name].device)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"num_bins={self.num_bins}, gammas={[round(g, 4) for g in self.gammas.tolist()]}"
 
 
 class BinaryFocalLoss(FunctionalLoss):

@@ -186,12 +186,24 @@ class LossMixin:
         return output
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the current criterion's state instead of the saved one (it may be another loss)."""
+        """Load the saved criterion state where it fits the current criterion, else keep it.
+
+        A saved entry is loaded when the current criterion has the same name with the same
+        shape (a resumed fit gets back state such as AdaFocal's per-bin gammas); entries of
+        another loss (a checkpoint saved with a different criterion, or in a later LossSwitch
+        stage) are dropped and the current criterion keeps its own.
+        """
         state = checkpoint.get("state_dict")
         if state is not None and isinstance(getattr(self, "criterion", None), nn.Module):
-            for key in [k for k in state if k.startswith("criterion.")]:
-                del state[key]
-            state.update({f"criterion.{k}": v for k, v in self.criterion.state_dict().items()})
+            saved = {
+                k[len("criterion.") :]: state.pop(k)
+                for k in list(state)
+                if k.startswith("criterion.")
+            }
+            for name, value in self.criterion.state_dict().items():
+                kept = saved.get(name)
+                fits = isinstance(kept, Tensor) and kept.shape == value.shape
+                state[f"criterion.{name}"] = kept if fits else value
         parent = getattr(super(), "on_load_checkpoint", None)
         if parent is not None:
             parent(checkpoint)

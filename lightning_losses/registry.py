@@ -15,6 +15,7 @@ _REGISTRY: dict[str, type[nn.Module]] = {
     "soft_accuracy": losses.SoftAccuracyLoss,
     "focal": losses.FocalLoss,
     "adaptive_focal": losses.AdaptiveFocalLoss,
+    "adafocal": losses.AdaFocalLoss,
     "hard_truncated": losses.HardTruncatedLoss,
     "soft_truncated": losses.SoftTruncatedLoss,
     "binary_focal": losses.BinaryFocalLoss,

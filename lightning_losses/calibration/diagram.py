@@ -30,7 +30,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["reliability_diagram", "save_reliability_diagram"]
+__all__ = ["gamma_diagram", "reliability_diagram", "save_reliability_diagram"]
 
 #: Figure size in inches and resolution of the saved PNG (500 x 600 pixels).
 FIGSIZE = (5.0, 6.0)
@@ -233,3 +233,82 @@ def save_reliability_diagram(
             f"got {type(metric_or_bins).__name__}"
         )
     return reliability_diagram(*bins, path=path, **kwargs)
+
+
+def gamma_diagram(
+    edges: Any,
+    count: Any,
+    conf_sum: Any,
+    correct_sum: Any,
+    gammas: Any,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """AdaFocal's view: reliability of equal-mass bins above, each bin's gamma below.
+
+    Bin ``k`` spans ``[edges[k], edges[k+1]]``. The top panel plots each non-empty bin's
+    accuracy ``correct_sum_k / n_k`` against its mean confidence ``conf_sum_k / n_k`` with the
+    diagonal of perfect calibration (points below it are over-confident bins); its title shows
+    the ECE of these bins. The bottom panel draws ``gammas[k]`` as a step over the bin, with
+    0 marked: above it the bin trains with focal loss, below it with inverse focal loss.
+
+    Args:
+        edges: ``[B + 1]`` non-decreasing bin edges.
+        count: samples per bin, ``[B]``.
+        conf_sum: sum of the confidences per bin, ``[B]``.
+        correct_sum: correct predictions per bin, ``[B]``.
+        gammas: ``[B]`` gammas, e.g. those the bins get after this validation.
+        path: if given, the figure is saved there (500 x 600 pixels).
+        title: first line of the top panel's title.
+
+    Example:
+        >>> fig = gamma_diagram([0.2, 0.6, 1.0], [2, 2], [0.7, 1.8], [1, 2], [1.5, -0.3])
+        >>> fig.axes[0].get_title()
+        'ECE = 0.1250'
+        >>> fig.axes[1].patches[0].get_label()  # the step of the gammas
+        'gamma'
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
+    edges = _as_float64(edges, "edges")
+    gammas = _as_float64(gammas, "gammas")
+    if edges.shape != (count.shape[0] + 1,) or gammas.shape != count.shape:
+        raise ValueError(
+            f"edges must hold B + 1 = {count.shape[0] + 1} values and gammas B = "
+            f"{count.shape[0]}; got {edges.shape[0]} and {gammas.shape[0]}"
+        )
+    ece = _ece(count, conf_sum, correct_sum)
+    nonempty = count > 0
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": 0.9}
+    ax, gamma_ax = fig.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2], "hspace": 0.08, **margins}
+    )
+    ax.plot(
+        conf_sum[nonempty] / count[nonempty],
+        correct_sum[nonempty] / count[nonempty],
+        marker="o",
+        color="tab:blue",
+        label="Accuracy per equal-mass bin",
+    )
+    ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="Perfect calibration")
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel("Accuracy")
+    ax.set_title(f"ECE = {ece:.4f}" if title is None else f"{title}\nECE = {ece:.4f}")
+    ax.legend(loc="upper left")
+
+    gamma_ax.stairs(gammas, edges, baseline=None, color="tab:orange", linewidth=1.5, label="gamma")
+    gamma_ax.axhline(0.0, color="gray", linewidth=0.8)
+    gamma_ax.set_ylabel("gamma (< 0: inverse focal)")
+    gamma_ax.set_xlabel("Confidence")
+    gamma_ax.legend(loc="upper left", fontsize="small")
+
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=DPI)
+    return fig

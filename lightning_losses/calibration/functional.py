@@ -471,6 +471,69 @@ def equal_mass_binned_statistics(
     return _bin_sums(index, confidence[order], correct[order], n_bins)
 
 
+def equal_mass_edges(confidence: Tensor, n_bins: int = 15) -> Tensor:
+    """Bin edges ``[n_bins + 1]`` (float64) that split the confidences into equal-mass bins.
+
+    With the ``N`` confidences sorted, ``c_(0) <= ... <= c_(N-1)``, edge ``k`` interpolates
+    them linearly at position ``x_k = k N / B`` (``x_B = N``), holding the end values beyond
+    them: ``e_k = c_(j) + (x_k - j)(c_(j+1) - c_(j))``, ``j = floor(x_k)``, and ``e_k =
+    c_(N-1)`` for ``x_k >= N - 1``. This is ``numpy.interp(numpy.linspace(0, N, B + 1),
+    numpy.arange(N), numpy.sort(c))``, the adaptive bins of Mukhoti et al.'s adaECE used by
+    AdaFocal, computed in the same floating-point operations (same values to the last bit).
+    ``e_0`` is the smallest confidence and ``e_B`` the largest.
+
+    Example:
+        >>> equal_mass_edges(torch.tensor([0.9, 0.3, 0.6, 0.8]), 2)
+        tensor([0.3000, 0.8000, 0.9000], dtype=torch.float64)
+    """
+    check_n_bins(n_bins)
+    values = torch.sort(confidence.detach().reshape(-1).to(torch.float64)).values
+    n = values.numel()
+    if n == 0:
+        raise ValueError("equal_mass_edges needs at least one confidence; got none")
+    positions = torch.arange(n_bins + 1, dtype=torch.float64, device=values.device)
+    positions = positions * (n / n_bins)  # numpy.linspace: k * step, the last one exactly N
+    positions[-1] = float(n)
+    low = positions.floor().clamp(max=n - 1)
+    j = low.long()
+    high = (j + 1).clamp(max=n - 1)
+    interpolated = (values[high] - values[j]) * (positions - low) + values[j]
+    at_point = (positions == low) | (j == n - 1)
+    return torch.where(at_point, values[j], interpolated)
+
+
+def edge_binned_statistics(
+    confidence: Tensor, correct: Tensor, edges: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Bin sums ``(count, conf_sum, correct_sum)`` (float64, ``[B]``) over given edges ``[B+1]``.
+
+    Bin ``k`` is ``(e_k, e_{k+1}]`` and the first bin also holds ``e_0`` (and anything
+    below it), so with the edges of :func:`equal_mass_edges` every sample is in a bin. (The
+    adaECE code AdaFocal's reference uses leaves the smallest confidence out of every bin.)
+    The pairs are summed in sorted order (by confidence, ties by correctness), so the sums
+    depend only on the multiset of pairs: the same on one process as on several.
+
+    Example:
+        >>> conf = torch.tensor([0.9, 0.3, 0.6, 0.8])
+        >>> edges = equal_mass_edges(conf, 2)
+        >>> edge_binned_statistics(conf, torch.tensor([1.0, 0.0, 1.0, 0.0]), edges)[2]
+        tensor([1., 1.], dtype=torch.float64)
+    """
+    confidence = confidence.detach().reshape(-1).to(torch.float64)
+    correct = correct.detach().reshape(-1).to(torch.float64)
+    if confidence.shape != correct.shape:
+        raise ValueError(
+            f"confidence and correct must have the same length; got {confidence.numel()} and "
+            f"{correct.numel()}"
+        )
+    edges = edges.detach().to(device=confidence.device, dtype=torch.float64)
+    by_correct = torch.argsort(correct, stable=True)
+    order = by_correct[torch.argsort(confidence[by_correct], stable=True)]
+    confidence, correct = confidence[order], correct[order]
+    index = torch.bucketize(confidence, edges[1:-1], right=False)
+    return _bin_sums(index, confidence, correct, edges.numel() - 1)
+
+
 def calibration_error_from_bins(
     count: Tensor, conf_sum: Tensor, correct_sum: Tensor, norm: Norm = "l1"
 ) -> Tensor:

@@ -5,6 +5,7 @@ Every function takes logits first and the target second, keyword-only hyper-para
 ``ignore_index`` and logits ``[N, C, *]`` like :func:`torch.nn.functional.cross_entropy`.
 """
 
+from .adafocal import adafocal_loss, adafocal_update
 from .binary import binary_focal_loss, binary_hard_truncated_loss, binary_soft_truncated_loss
 from .exact import exact_log_probability, exact_loss
 from .linear import linear_target_loss
@@ -21,6 +22,8 @@ from .target_probability import (
 from .truncation import soft_truncated_loss
 
 __all__ = [
+    "adafocal_loss",
+    "adafocal_update",
     "adaptive_focal_loss",
     "binary_focal_loss",
     "binary_hard_truncated_loss",
