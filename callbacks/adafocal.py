@@ -52,9 +52,10 @@ class AdaFocalUpdate(Callback):
     NeurIPS 2022) closes the loop between calibration and the loss. After every validation
     epoch of ``fit`` (not the sanity check), this callback
 
-    1. takes each validation sample's top-label confidence and correctness (from the
-       ``{"logits", "target"}`` dict ``validation_step`` returns, as ``CalibrationMonitor``
-       reads it; targets equal to the criterion's ``ignore_index`` are left out);
+    1. takes each validation sample's top-label confidence ``max softmax`` (in float64) and
+       correctness, from the ``{"logits", "target"}`` dict ``validation_step`` returns, as
+       ``CalibrationMonitor`` reads it; targets equal to the criterion's ``ignore_index`` are
+       left out;
     2. splits them into ``num_bins`` equal-mass bins (the edges interpolate the sorted
        confidences, :func:`~lightning_losses.calibration.functional.equal_mass_edges`) and
        computes each bin's gap ``E_k = mean confidence - accuracy``;
@@ -156,20 +157,15 @@ class AdaFocalUpdate(Callback):
         logits, target = calibration_inputs(outputs, pl_module)  # checked on the sanity batch
         if trainer.sanity_checking:
             return
-        from lightning_losses.calibration.functional import confidence_and_correct
-
         if logits.dim() > 2:  # [N, C, *]: one prediction per position
             logits = logits.movedim(1, -1).reshape(-1, logits.shape[1])
             target = target.reshape(-1)
         keep = target != getattr(pl_module.criterion, "ignore_index", -100)
-        confidence, correct = confidence_and_correct(
-            logits[keep],
-            target[keep],
-            input_format="logits",
-            task="multiclass",
-            validate_args=False,
-        )
-        self._confidence.append(confidence.to(torch.float64))
+        # float64 row by row: the confidences do not depend on how the rows are batched.
+        log_confidence, prediction = torch.log_softmax(logits[keep].double(), dim=1).max(dim=1)
+        confidence = log_confidence.exp()
+        correct = (prediction == target[keep]).double()
+        self._confidence.append(confidence)
         self._correct.append(correct)
 
     @override
