@@ -33,6 +33,13 @@ from lightning_losses import functional as LF
 
 Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+# AdaFocal's state as training leaves it: 15 bins, focal gammas above 0, inverse focal below.
+ADAFOCAL_EDGES = torch.linspace(0.0, 1.0, 16, dtype=torch.float64)
+ADAFOCAL_GAMMAS = torch.tensor(
+    [5.0, 4.2, 3.1, 2.5, 1.7, 1.2, 0.8, 0.4, -0.2, -0.6, 0.3, 1.1, 2.0, -1.5, 3.0],
+    dtype=torch.float64,
+)
+
 
 def _family_cases() -> dict[str, tuple[str, Case]]:
     return {
@@ -50,6 +57,10 @@ def _family_cases() -> dict[str, tuple[str, Case]]:
         "focal_loss(2)": ("index", lambda x, t, y: LF.focal_loss(x, t, gamma=2.0)),
         "focal_loss(0.5)": ("index", lambda x, t, y: LF.focal_loss(x, t, gamma=0.5)),
         "adaptive_focal_loss": ("index", lambda x, t, y: LF.adaptive_focal_loss(x, t)),
+        "adafocal_loss (15 bins)": (
+            "index",
+            lambda x, t, y: LF.adafocal_loss(x, t, edges=ADAFOCAL_EDGES, gammas=ADAFOCAL_GAMMAS),
+        ),
         "hard_truncated_loss": ("index", lambda x, t, y: LF.hard_truncated_loss(x, t)),
     }
 
@@ -219,6 +230,11 @@ def main() -> None:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
     worst = max(median[name] / base_time for name in FAMILY)
     print(f"\nslowest family member: {worst:.3f}x F.cross_entropy")
+    adafocal = median["adafocal_loss (15 bins)"]
+    print(
+        f"adafocal_loss / focal_loss(2): {adafocal / median['focal_loss(2)']:.3f}x, "
+        f"/ focal_loss(0.5): {adafocal / median['focal_loss(0.5)']:.3f}x (target: within 1.10x)"
+    )
 
 
 if __name__ == "__main__":

@@ -417,7 +417,9 @@ class AdaFocalLoss(FunctionalLoss):
         # The reference's initial bins: lower edge k * (1 / B), in float64.
         edges = [k * (1.0 / num_bins) for k in range(num_bins)] + [1.0]
         self.register_buffer("edges", torch.tensor(edges, dtype=torch.float64))
-        self.register_buffer("gammas", torch.full((num_bins,), self.gamma_initial).double())
+        self.register_buffer(
+            "gammas", torch.full((num_bins,), self.gamma_initial, dtype=torch.float64)
+        )
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args

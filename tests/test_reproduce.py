@@ -309,6 +309,39 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
     assert all((tmp_path / "again" / name).is_file() for name in reliability)
 
 
+def test_a_fingerprint_that_reads_as_a_number_is_still_reused(tmp_path, monkeypatch) -> None:
+    """``247691913e07`` on the command line becomes a float; the run must still be found."""
+    from lightning_losses.reproduce import run_or_reuse
+    from lightning_losses.reproduce.spec import Claim
+
+    monkeypatch.chdir(tmp_path)
+    numeric = re.compile(r"^[0-9]+e[0-9]+$")
+    variants = (
+        Variant(
+            "v",
+            "configs/digits_ce.yaml",
+            (f"--trainer.log_every_n_steps={k}", "--trainer.limit_train_batches=2"),
+            1,
+        )
+        for k in range(1, 100_000)
+    )
+    variant = next(v for v in variants if numeric.match(v.fingerprint()))
+    claim = Claim(
+        98,
+        "numeric-fingerprint",
+        "a run whose fingerprint looks like a number",
+        "a test",
+        (("rep/test_acc", "test acc"),),
+        lambda table: [],
+        fixed_variants=(variant,),
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
+    assert not reused
+    again, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
+    assert reused and again == first
+
+
 def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -> None:
     from lightning_losses.reproduce import reproduce_claim
     from lightning_losses.reproduce.report import claim_markdown

@@ -406,7 +406,10 @@ CALIBRATION_LOSSES = (
     "focal_3",
     "flsd_53",
     "soft_truncated",
+    "adafocal",
 )
+#: AdaFocal is also compared with the focal losses it extends.
+ADAFOCAL_RIVALS = ("focal_3", "flsd_53")
 #: The 2-SE band of the paired ECE differences the experiment is sized for.
 TARGET_BAND = 0.005
 
@@ -473,6 +476,28 @@ def calibration_markdown(table: Table) -> list[str]:
             continue
         v = loss_verdicts(table, name)
         lines.append(f"| {name} | " + " | ".join(mark(v[k]) for k in "abcd") + " |")
+    if "adafocal" in table:
+        lines += [
+            "",
+            "AdaFocal against the focal losses it extends (Ghosh, Schaaf, Gormley, NeurIPS "
+            "2022), before and after temperature scaling (difference ± 2-SE band):",
+            "",
+            "| against | ECE below theirs | ECE after TS below theirs after TS |",
+            "|---|---|---|",
+        ]
+        for rival in (r for r in ADAFOCAL_RIVALS if r in table):
+            before = compare(
+                table, f"ECE(adafocal) < ECE({rival})", "adafocal", "<", rival, "rep/test_ece"
+            )
+            after = compare(
+                table,
+                f"ECE(adafocal + TS) < ECE({rival} + TS)",
+                "adafocal",
+                "<",
+                rival,
+                "rep/ts_test_ece",
+            )
+            lines.append(f"| {rival} | {mark(before)} | {mark(after)} |")
     verdict = "below" if band < TARGET_BAND else "NOT below"
     lines += [
         "",
@@ -489,7 +514,8 @@ CLAIM_8 = Claim(
     'TaiLr (Ji et al., ICLR 2023; Su Jianlin, "A simple remedy for the overconfidence of '
     'cross-entropy"), focal loss (Lin et al., 2017) and FLSD-53 (Mukhoti et al., NeurIPS '
     '2020), soft truncation (Su Jianlin, "From hard truncation of the loss, through softening, '
-    "to focal loss\") and label smoothing all aim at cross-entropy's overconfidence. On claim "
+    'to focal loss"), AdaFocal (Ghosh, Schaaf, Gormley, NeurIPS 2022) and label smoothing '
+    "all aim at cross-entropy's overconfidence. On claim "
     "7's CNN, trained until its training NLL is near zero, each should (a) lower the test ECE "
     "(15 bins) against CE (b) at about CE's accuracy; the table also asks (c) whether the loss "
     "alone beats CE followed by temperature scaling fitted on the validation split (Guo et al., "

@@ -261,13 +261,24 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
 
 
 def log_post_fit(
-    client: MlflowClient, run_id: str, metrics: dict[str, float], artifacts: dict[str, Any]
+    client: MlflowClient,
+    run_id: str,
+    metrics: dict[str, float],
+    artifacts: dict[str, Any],
+    tags: dict[str, str],
 ) -> None:
-    """Log the post-fit metrics (``rep/...``) and artifacts into the run, then mark it complete."""
+    """Log the post-fit metrics (``rep/...``) and artifacts into the run, then mark it complete.
+
+    The identifying ``tags`` are set again, as the strings :func:`find_run` searches for: on
+    the command line a fingerprint such as ``247691913e07`` is read as the number
+    ``2.47691913e+15`` and stored so, and the run would never be found for reuse.
+    """
     for key, value in metrics.items():
         client.log_metric(run_id, PREFIX + key, value if math.isfinite(value) else float("nan"))
     for path, content in artifacts.items():
         client.log_dict(run_id, content, path)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
     client.set_tag(run_id, COMPLETE_TAG, "1")
 
 
@@ -286,7 +297,7 @@ def train_variant(
     metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
     client = client_for(tracking_uri)
     metrics.update(curve_summary(client, run_id))
-    log_post_fit(client, run_id, metrics, artifacts)
+    log_post_fit(client, run_id, metrics, artifacts, run_tags(claim, variant, seed, epochs))
     return run_id
 
 
