@@ -216,3 +216,31 @@ def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
     for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report):
         assert (out / name).is_file()
     assert "claim8_test_nll.png" in report and "claim8_reliability_ce_scaled.png" in report
+
+
+def test_adafocal_is_compared_with_focal_and_flsd_before_and_after_scaling():
+    rows = calibration_rows(
+        ce_ece=[0.060, 0.062, 0.058, 0.061, 0.059],
+        loss_ece=[0.020, 0.021, 0.019, 0.022, 0.020],
+        loss_ts_ece=[0.015, 0.016, 0.014, 0.015, 0.016],
+        ce_ts_ece=[0.010, 0.011, 0.012, 0.010, 0.011],
+        loss_acc=[0.90, 0.915, 0.91, 0.905, 0.915],
+    )
+    rows["adafocal"]["rep/test_ece"] = [0.010, 0.012, 0.011, 0.010, 0.012]  # 0.0090 below
+    rows["adafocal"]["rep/ts_test_ece"] = [0.015, 0.017, 0.014, 0.016, 0.015]  # 0.0004 above
+    text = "\n".join(calibration_markdown(table_of(rows)))
+    section = text[text.index("AdaFocal against the focal losses") :]
+    # ECE: adafocal - focal per seed = -0.010, -0.009, -0.008, -0.012, -0.008: mean -0.0094,
+    # written in the claimed direction (focal - adafocal) as +0.0094.
+    diffs = [-0.010, -0.009, -0.008, -0.012, -0.008]
+    mean = sum(diffs) / 5
+    band = 2 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5)
+    # After TS: adafocal - focal = 0, +0.001, 0, +0.001, -0.001: inside its band.
+    after = [0.0, 0.001, 0.0, 0.001, -0.001]
+    mean_after = sum(after) / 5
+    band_after = 2 * math.sqrt(sum((d - mean_after) ** 2 for d in after) / 4 / 5)
+    for rival in ("focal_3", "flsd_53"):
+        assert (
+            f"| {rival} | yes (+0.0094 ± {band:.4f}) | "
+            f"within noise ({-mean_after:+.4f} ± {band_after:.4f}) |"
+        ) in section
