@@ -438,6 +438,20 @@ def _bin_sums(
     return count, conf_sum, correct_sum
 
 
+def _sorted_pairs(confidence: Tensor, correct: Tensor) -> tuple[Tensor, Tensor]:
+    """Flat float64 pairs sorted by confidence, ties by correctness: order-free sums follow."""
+    confidence = confidence.detach().reshape(-1).to(torch.float64)
+    correct = correct.detach().reshape(-1).to(torch.float64)
+    if confidence.shape != correct.shape:
+        raise ValueError(
+            f"confidence and correct must have the same length; got {confidence.numel()} and "
+            f"{correct.numel()}"
+        )
+    by_correct = torch.argsort(correct, stable=True)
+    order = by_correct[torch.argsort(confidence[by_correct], stable=True)]
+    return confidence[order], correct[order]
+
+
 def equal_mass_binned_statistics(
     confidence: Tensor, correct: Tensor, n_bins: int = 15
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -456,19 +470,11 @@ def equal_mass_binned_statistics(
         (tensor([2., 2.], dtype=torch.float64), tensor([1., 1.], dtype=torch.float64))
     """
     check_n_bins(n_bins)
-    confidence = confidence.detach().reshape(-1).to(torch.float64)
-    correct = correct.detach().reshape(-1).to(torch.float64)
-    if confidence.shape != correct.shape:
-        raise ValueError(
-            f"confidence and correct must have the same length; got {confidence.numel()} and "
-            f"{correct.numel()}"
-        )
+    confidence, correct = _sorted_pairs(confidence, correct)
     n = confidence.numel()
-    by_correct = torch.argsort(correct, stable=True)
-    order = by_correct[torch.argsort(confidence[by_correct], stable=True)]
     positions = torch.arange(n, device=confidence.device)
     index = ((positions + 1) * n_bins - 1).div(max(n, 1), rounding_mode="floor")
-    return _bin_sums(index, confidence[order], correct[order], n_bins)
+    return _bin_sums(index, confidence, correct, n_bins)
 
 
 def equal_mass_edges(confidence: Tensor, n_bins: int = 15) -> Tensor:
@@ -519,17 +525,8 @@ def edge_binned_statistics(
         >>> edge_binned_statistics(conf, torch.tensor([1.0, 0.0, 1.0, 0.0]), edges)[2]
         tensor([1., 1.], dtype=torch.float64)
     """
-    confidence = confidence.detach().reshape(-1).to(torch.float64)
-    correct = correct.detach().reshape(-1).to(torch.float64)
-    if confidence.shape != correct.shape:
-        raise ValueError(
-            f"confidence and correct must have the same length; got {confidence.numel()} and "
-            f"{correct.numel()}"
-        )
+    confidence, correct = _sorted_pairs(confidence, correct)
     edges = edges.detach().to(device=confidence.device, dtype=torch.float64)
-    by_correct = torch.argsort(correct, stable=True)
-    order = by_correct[torch.argsort(confidence[by_correct], stable=True)]
-    confidence, correct = confidence[order], correct[order]
     index = torch.bucketize(confidence, edges[1:-1], right=False)
     return _bin_sums(index, confidence, correct, edges.numel() - 1)
 
