@@ -651,11 +651,86 @@ def test_linear_target_loss(data, loss):
     )
 
 
-NOT_LOSSES = {"exact_log_probability", "normface_min_scale"}  # helpers of the losses
+def adafocal_reference(x, t, edges, gammas, reduction):
+    """AdaFocal as its authors' code writes it, in float64: the bin of ``p_t`` by a loop over
+    the bins (first ``p < e_1``, last ``p >= e_{B-1}``, else ``e_k <= p < e_{k+1}``), then
+    ``-(1 - sign(g) p + 1e-20)^|g| log p``. ``p_t`` for the lookup is taken in the loss's
+    compute dtype (float32 below float64), as the loss sees it."""
+    flat_x = x.movedim(1, -1).reshape(-1, x.shape[1])
+    flat_t = t.reshape(-1).long()
+    keep = flat_t != IGNORE
+    lookup_p = torch.softmax(flat_x.to(compute_dtype(x.dtype)), dim=1)
+    log_p = torch.log_softmax(flat_x.double(), dim=1)
+    values = []
+    for row, target in enumerate(flat_t.tolist()):
+        if target == IGNORE:
+            values.append(0.0)
+            continue
+        p = float(lookup_p[row, target])
+        bins = len(gammas)
+        k = next(
+            k
+            for k in range(bins)
+            if (k == 0 and p < edges[1] if bins > 1 else True)
+            or (k == bins - 1 and p >= edges[bins - 1])
+            or (edges[k] <= p < edges[k + 1])
+        )
+        g = gammas[k]
+        lp = float(log_p[row, target])
+        sign = (g > 0) - (g < 0)
+        values.append(-((1 - sign * math.exp(lp) + 1e-20) ** abs(g)) * lp)
+    values = torch.tensor(values, dtype=torch.float64).reshape(t.shape)
+    return reduce(values, reduction, denominator=int(keep.sum()))
+
+
+@settings(max_examples=100)
+@given(data=st.data())
+def test_adafocal_loss(data):
+    spoiled = spoil(data, ["logits", "target", "gammas", "edges", "reduction"])
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    n, classes = data.draw(st.integers(1, 4)), data.draw(st.integers(2, 5))
+    extra = data.draw(st.sampled_from([(), (), (3,)]), label="extra dims")
+    scale = data.draw(st.sampled_from([1.0, 10.0, 1e3]))
+    x = draw_tensor(
+        data, (n, classes, *extra), -3 * scale, 3 * scale, dtype, spoiled=spoiled == "logits"
+    )
+    t = draw_targets(data, (n, *extra), classes, spoiled=spoiled == "target")
+    bins = data.draw(st.integers(1, 6), label="bins")
+    inner = sorted(data.draw(st.lists(st.integers(1, 15), min_size=bins - 1, max_size=bins - 1)))
+    edges = [0.0, *(k / 16 for k in inner), 1.0]
+    gammas = data.draw(st.lists(st.floats(-20, 20), min_size=bins, max_size=bins), label="g")
+    edges_t = torch.tensor(edges, dtype=torch.float64)
+    gammas_t = torch.tensor(gammas, dtype=torch.float64)
+    if spoiled == "gammas":
+        gammas_t[data.draw(st.integers(0, bins - 1))] = data.draw(st.sampled_from(SPECIAL))
+    if spoiled == "edges":
+        edges_t = edges_t.flip(0) if bins > 1 else edges_t[:1]  # decreasing, or one too few
+    reduction = draw_reduction(data, spoiled)
+    bad = set()
+    if reduction not in REDUCTIONS[:3]:
+        bad.add("reduction")
+    if non_finite(x):
+        bad.add("logits")
+    if bool(((t != IGNORE) & ((t < 0) | (t >= classes))).any()):
+        bad.add("target")
+    if spoiled in ("gammas", "edges"):
+        bad.add(spoiled)
+    outcome(
+        lambda: LF.adafocal_loss(x, t, edges=edges_t, gammas=gammas_t, reduction=reduction),
+        bad,
+        lambda: adafocal_reference(x, t, edges, gammas, reduction),
+        dtype,
+        spoiled=spoiled,
+        tol=(1e-2, 1e-2) if extra and dtype.itemsize == 2 else None,
+    )
+
+
+NOT_LOSSES = {"exact_log_probability", "normface_min_scale", "adafocal_update"}  # helpers
 
 
 def test_every_public_loss_has_a_property():
     covered = {*INDEX_LOSSES, *BINARY_LOSSES, "exact_loss", "feature_incay", "linear_target_loss"}
+    covered.add("adafocal_loss")
     covered |= {"multilabel_categorical_crossentropy", "nm_categorical_crossentropy"}
     assert covered == set(LF.__all__) - NOT_LOSSES
 
