@@ -34,9 +34,12 @@ def adafocal_criterion(pl_module: pl.LightningModule) -> Any:
     return criterion
 
 
-def confidence_gaps(edges_count_sums: tuple[Tensor, Tensor, Tensor]) -> list[float]:
-    """Each bin's mean confidence minus its accuracy, 0 for an empty bin."""
-    count, conf_sum, correct_sum = edges_count_sums
+def confidence_gaps(bins: tuple[Tensor, Tensor, Tensor]) -> list[float]:
+    """Each bin's mean confidence minus its accuracy, 0 for an empty bin.
+
+    ``bins`` is ``(count, conf_sum, correct_sum)``, as the binned statistics return them.
+    """
+    count, conf_sum, correct_sum = bins
     gaps = []
     for n, conf, correct in zip(
         count.tolist(), conf_sum.tolist(), correct_sum.tolist(), strict=True

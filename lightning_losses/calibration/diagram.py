@@ -77,6 +77,24 @@ def _ece(count: np.ndarray, conf_sum: np.ndarray, correct_sum: np.ndarray) -> fl
     return float(np.abs(conf_sum - correct_sum).sum() / count.sum())
 
 
+def _figure(height_ratios: list[int] | None) -> tuple[Figure, Any]:
+    """An Agg figure of :data:`FIGSIZE` with one panel, or panels stacked by ``height_ratios``.
+
+    Fixed margins, not a layout engine: constrained layout measures every tick label and
+    doubled the drawing time, which matters when a callback draws every few epochs.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": 0.9}
+    if height_ratios is None:
+        return fig, fig.subplots(gridspec_kw=margins)
+    grid = {"height_ratios": height_ratios, "hspace": 0.08, **margins}
+    return fig, fig.subplots(len(height_ratios), 1, sharex=True, gridspec_kw=grid)
+
+
 def reliability_diagram(
     count: Any,
     conf_sum: Any,
@@ -125,8 +143,6 @@ def reliability_diagram(
         >>> len(fig.axes[0].containers[0])  # one accuracy bar per non-empty bin
         3
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
     n_bins = count.shape[0]
@@ -140,17 +156,8 @@ def reliability_diagram(
     confidence = conf_sum[nonempty] / count[nonempty]
     width = 1.0 / n_bins
 
-    # Fixed margins, not a layout engine: constrained layout measures every tick label and
-    # doubled the drawing time, which matters when a callback draws every few epochs.
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
-    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": 0.9}
-    if show_histogram:
-        ax, hist_ax = fig.subplots(
-            2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08, **margins}
-        )
-    else:
-        ax, hist_ax = fig.subplots(gridspec_kw=margins), None
+    fig, axes = _figure([3, 1] if show_histogram else None)
+    ax, hist_ax = axes if show_histogram else (axes, None)
 
     ax.bar(
         edges,
@@ -269,8 +276,6 @@ def gamma_diagram(
         >>> fig.axes[1].patches[0].get_label()  # the step of the gammas
         'gamma'
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
     edges = _as_float64(edges, "edges")
@@ -283,12 +288,7 @@ def gamma_diagram(
     ece = _ece(count, conf_sum, correct_sum)
     nonempty = count > 0
 
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
-    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": 0.9}
-    ax, gamma_ax = fig.subplots(
-        2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2], "hspace": 0.08, **margins}
-    )
+    fig, (ax, gamma_ax) = _figure([3, 2])
     ax.plot(
         conf_sum[nonempty] / count[nonempty],
         correct_sum[nonempty] / count[nonempty],

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ._core import target_probability_loss
-from ._validation import check_range, check_reduction
+from ._validation import check_range
 
 __all__ = [
     "adafocal_loss",
@@ -128,7 +128,6 @@ def adafocal_loss(
         ...               reduction="none")
         tensor([0.4281, 0.4883])
     """
-    check_reduction(reduction)
     check_adafocal_bins(edges, gammas, validate_args=validate_args)
     return target_probability_loss(
         logits,
