@@ -134,6 +134,19 @@ class AdaFocalUpdate(Callback):
             f"gamma_min={self.gamma_min}, gamma_max={self.gamma_max})"
         )
 
+    def describe(self) -> str:
+        """One line for the fit summary.
+
+        Example:
+            >>> AdaFocalUpdate().describe().split(" (")  # doctest: +NORMALIZE_WHITESPACE
+            ['AdaFocalUpdate: per-bin gammas from each validation epoch',
+             'lambda_=1.0, switch_point=0.2, gamma in [-20.0, 20.0])']
+        """
+        return (
+            f"AdaFocalUpdate: per-bin gammas from each validation epoch (lambda_={self.lambda_}, "
+            f"switch_point={self.switch_point}, gamma in [{self.gamma_min}, {self.gamma_max}])"
+        )
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":

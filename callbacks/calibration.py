@@ -103,10 +103,13 @@ class CalibrationMonitor(Callback):
 
     The reliability diagram, drawn from the metric's own bins, is saved as
     ``<log_dir>/calibration/<stage>_epoch=<E>.png`` and, when the logger is MLflow's, logged as
-    an artifact under ``calibration/``: for the last validation epoch at the end of training
-    (``final_diagram``), after each test, and every ``diagram_every_n_epochs`` validation
-    epochs if asked. Drawing happens in a background thread; the end of training and of test
-    wait for the pending diagrams, so they are logged before the logger closes the run.
+    an artifact under ``calibration/``. ``E`` is the epoch the model's weights are from: the
+    current epoch during fit; for ``validate`` / ``test`` the epoch of the checkpoint loaded
+    (``ckpt_path``), else the last epoch trained by this trainer; a model never trained is
+    ``<stage>_untrained.png``. Diagrams are drawn for the last validation epoch at the end of
+    training (``final_diagram``), after each test, and every ``diagram_every_n_epochs``
+    validation epochs if asked. Drawing happens in a background thread; the end of training and
+    of test wait for the pending diagrams, so they are logged before the logger closes the run.
 
     Every metric comes from one :class:`~lightning_losses.calibration.CalibrationSummary`, one
     pass per validation batch.
@@ -170,6 +173,7 @@ class CalibrationMonitor(Callback):
         self._checked: set[str] = set()  # stages whose inputs were checked this epoch
         self._own_keys: set[str] = set()  # keys this monitor has logged
         self._other_keys: set[str] = set()  # keys the module (or anyone else) logs
+        self._checkpoint_epoch: int | None = None  # epoch of the checkpoint loaded, if any
 
     def _build(self) -> dict[str, Any]:
         from lightning_losses.calibration import metrics as CM
@@ -184,6 +188,7 @@ class CalibrationMonitor(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._checkpoint_epoch = None  # set by on_load_checkpoint, which runs after setup
         for name in STAGES:
             metrics = self._metrics.setdefault(name, self._build())
             for metric in metrics.values():
@@ -234,6 +239,21 @@ class CalibrationMonitor(Callback):
             f"batch has {seen}; the model returns logits? use input_format='logits'"
         )
 
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        epoch = checkpoint.get("epoch")
+        self._checkpoint_epoch = None if epoch is None else int(epoch)
+
+    def _model_epoch(self, trainer: pl.Trainer) -> int | None:
+        """The epoch the model's weights are from; ``None`` for a model never trained."""
+        if trainer.training or trainer.state.fn == "fit":
+            return trainer.current_epoch
+        if self._checkpoint_epoch is not None:
+            return self._checkpoint_epoch
+        return trainer.current_epoch - 1 if trainer.current_epoch > 0 else None
+
     def _keys_of_others(self, trainer: pl.Trainer) -> set[str]:
         """Keys logged by anyone but this monitor (the module's), remembered across epochs."""
         self._other_keys.update(set(trainer.callback_metrics) - self._own_keys)
@@ -255,24 +275,24 @@ class CalibrationMonitor(Callback):
         every = self.diagram_every_n_epochs
         due = stage == "test" or (every > 0 and (epoch + 1) % every == 0)
         if due and trainer.is_global_zero:
-            self._save_diagram(trainer, stage, epoch, bins)
+            self._save_diagram(trainer, stage, self._model_epoch(trainer), bins)
         if stage == "val":
             self._last_val = (epoch, bins, due)
         for metric in metrics.values():
             metric.reset()
 
     def _save_diagram(
-        self, trainer: pl.Trainer, stage: str, epoch: int, bins: tuple[Tensor, ...]
+        self, trainer: pl.Trainer, stage: str, epoch: int | None, bins: tuple[Tensor, ...]
     ) -> None:
         """Draw and save (and log to MLflow) in a background thread: training goes on."""
-        path = figure_folder(trainer) / f"{stage}_epoch={epoch:03d}.png"
+        name = f"{stage}_untrained" if epoch is None else f"{stage}_epoch={epoch:03d}"
+        path = figure_folder(trainer) / f"{name}.png"
+        title = f"{stage}, untrained model" if epoch is None else f"{stage}, epoch {epoch}"
         loggers = artifact_loggers(trainer)
         bins = tuple(b.detach().cpu() for b in bins)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagram")
-        self._pending.append(
-            self._executor.submit(_draw, bins, path, f"{stage}, epoch {epoch}", loggers)
-        )
+        self._pending.append(self._executor.submit(_draw, bins, path, title, loggers))
         self.last_diagram = path
 
     def wait(self) -> None:
@@ -403,9 +423,9 @@ class TemperatureScalingCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        logits, target = calibration_inputs(outputs, pl_module)  # checked in the sanity check too
         if trainer.sanity_checking:
             return
-        logits, target = calibration_inputs(outputs, pl_module)
         self._logits.append(logits.float())
         self._targets.append(target)
 

@@ -50,6 +50,40 @@ def hyperparameter_names(criterion: Any) -> list[str]:
     )
 
 
+def criterion_names(criterion: Any) -> set[str]:
+    """The names a ``losses=[...]`` scope matches ``criterion`` by.
+
+    Its class name and every registry name of its class.
+
+    Example:
+        >>> from lightning_losses import FocalLoss
+        >>> sorted(criterion_names(FocalLoss()))
+        ['FocalLoss', 'focal']
+    """
+    from lightning_losses.registry import available_losses, loss_class
+
+    cls = type(criterion)
+    return {cls.__name__} | {name for name in available_losses() if loss_class(name) is cls}
+
+
+def _check_scope(name: str, values: Any, kind: type) -> list | None:
+    """``values`` as a list of ``kind`` (``None`` stays ``None``); ``ValueError`` otherwise."""
+    if values is None:
+        return None
+    if isinstance(values, (str, int)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(
+            f"{name} must be a non-empty list of {kind.__name__}s or None; got {values!r}"
+        )
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{name}[{i}] must be a {kind.__name__}; got {value!r}")
+        if kind is int and value < 0:
+            raise ValueError(
+                f"{name}[{i}] must be a LossSwitch criteria index (>= 0); got {value!r}"
+            )
+    return list(values)
+
+
 class _Target(NamedTuple):
     """A criterion a schedule acts on, and the progress window where it is used."""
 
@@ -98,11 +132,25 @@ class LossScheduler(Callback):
     when training starts: reading ``estimated_stepping_batches`` earlier would load the
     training data before Lightning restores a resumed run's loader position.
 
+    The schedule replaces whatever value the criterion was given. When that value differs
+    from the schedule's where it takes over (e.g. ``FocalLoss(gamma=2.0)`` under
+    ``GammaAnnealing(start=0.0)``, or a :class:`~lightning_losses.callbacks.LossSwitch` stage
+    ``{"name": "focal", "gamma": 2.0}``), a warning says so once, before the first training
+    step, naming this callback, the criterion, the value given and the value set. To leave a
+    criterion alone, scope the schedule: ``stages=[1]`` acts only on ``LossSwitch`` criteria
+    ``[1]``, ``losses=["gamma_ce"]`` only on criteria of those losses (registry or class
+    names). Out of its scope the schedule sets and logs nothing; a scope that matches no
+    criterion of the run is an error at set-up.
+
     Args:
         attribute: the criterion's hyper-parameter to set, e.g. ``"gamma"``.
         schedule: a :class:`~lightning_losses.callbacks.schedules.Schedule` (or any callable
             ``schedule(progress, total) -> float``).
         interval: ``"step"`` (progress is the global step) or ``"epoch"``.
+        stages: act only on these :class:`~lightning_losses.callbacks.LossSwitch` criteria
+            (indices into its ``criteria``); needs a ``LossSwitch``. ``None``: every stage.
+        losses: act only on criteria of these losses (registry names such as ``"focal"`` or
+            class names such as ``"FocalLoss"``). ``None``: any criterion.
 
     Example:
         >>> from lightning_losses.callbacks import LinearSchedule
@@ -113,7 +161,14 @@ class LossScheduler(Callback):
         0.5
     """
 
-    def __init__(self, attribute: str, schedule: Schedule, interval: str = "step") -> None:
+    def __init__(
+        self,
+        attribute: str,
+        schedule: Schedule,
+        interval: str = "step",
+        stages: list[int] | None = None,
+        losses: list[str] | None = None,
+    ) -> None:
         if not isinstance(attribute, str) or not attribute.isidentifier():
             raise ValueError(f"attribute must be an attribute name; got {attribute!r}")
         if not callable(schedule):
@@ -125,6 +180,8 @@ class LossScheduler(Callback):
         self.attribute = attribute
         self.schedule = schedule
         self.interval = interval
+        self.stages = _check_scope("stages", stages, int)
+        self.losses = _check_scope("losses", losses, str)
         #: The value set last; saved in checkpoints for information only (resuming recomputes it).
         self.last_value: float | None = None
         #: The total the schedule is timed with (set when fitting starts; saved in checkpoints).
@@ -187,8 +244,36 @@ class LossScheduler(Callback):
             f"(progress is {source})"
         )
 
-    def _set(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
-        """Compute the value for the current progress and set it on the criterion."""
+    def _stage(self, trainer: pl.Trainer) -> int | None:
+        """The current :class:`LossSwitch` criteria index; ``None`` without a switch."""
+        for callback in trainer.callbacks:
+            if isinstance(callback, LossSwitch):
+                return callback.index(trainer.current_epoch)
+        return None
+
+    def _in_scope(self, criterion: Any, stage: int | None) -> bool:
+        """Whether ``criterion`` (of LossSwitch stage ``stage``) is in ``stages``/``losses``."""
+        if self.stages is not None and stage not in self.stages:
+            return False
+        return self.losses is None or bool(criterion_names(criterion) & set(self.losses))
+
+    def _scope_text(self) -> str:
+        """``" (only LossSwitch criteria [1])"``, ``" (only losses ['focal'])"`` or ``""``."""
+        parts = []
+        if self.stages is not None:
+            parts.append(f"only LossSwitch criteria {self.stages}")
+        if self.losses is not None:
+            parts.append(f"only losses {self.losses}")
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    def _set(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
+        """Compute the value for the current progress and set it on the criterion.
+
+        Returns ``None`` (and sets nothing) when the current criterion is out of scope.
+        """
+        criterion = getattr(pl_module, "criterion", None)
+        if criterion is not None and not self._in_scope(criterion, self._stage(trainer)):
+            return None
         criterion = self._criterion(pl_module)
         progress, total = self._progress(trainer)
         try:
@@ -217,7 +302,8 @@ class LossScheduler(Callback):
         end = math.inf if total is None else total
         switches = [c for c in trainer.callbacks if isinstance(c, LossSwitch)]
         if not switches:
-            return [_Target(self._criterion(pl_module), 0, end, "")]
+            criterion = self._criterion(pl_module)
+            return [_Target(criterion, 0, end, "")] if self._in_scope(criterion, None) else []
         per_epoch = 1 if self.interval == "epoch" else self._steps_per_epoch(trainer)
         targets = []
         for switch in switches:
@@ -228,6 +314,8 @@ class LossScheduler(Callback):
                     first = first_epoch * per_epoch
                     if stop_epoch is not None:
                         last = min(stop_epoch * per_epoch - 1, end)
+                if not self._in_scope(criterion, index):
+                    continue
                 if first == 0 or first < end:
                     targets.append(_Target(criterion, first, last, switch.describe(index)))
         return targets
@@ -274,19 +362,76 @@ class LossScheduler(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._criterion(pl_module)
+        if stage != "fit":
+            return
+        switched = any(isinstance(c, LossSwitch) for c in trainer.callbacks)
+        if self.stages is not None and not switched:
+            raise ValueError(
+                f"{type(self).__name__}(stages={self.stages}) scopes the schedule to LossSwitch "
+                "criteria, but the trainer has no LossSwitch callback; use losses=[...] to "
+                "scope it to a loss, or leave stages=None"
+            )
+        if switched:  # the switch's criteria are checked in _check, once they are built
+            if getattr(pl_module, "criterion", None) is None:
+                self._criterion(pl_module)
+            return
+        criterion = getattr(pl_module, "criterion", None)
+        if criterion is not None and not self._in_scope(criterion, None):
+            raise ValueError(
+                f"{type(self).__name__}(losses={self.losses}) acts on no criterion of this run: "
+                f"{type(pl_module).__name__}.criterion is {type(criterion).__name__} (names "
+                f"{sorted(criterion_names(criterion))}); add one of those names to losses"
+            )
+        self._criterion(pl_module)
 
     def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Record the total and check the schedule against every criterion it will act on."""
+        """Record the total and check the schedule against every criterion it will act on.
+
+        Also warns, once, about each criterion whose given value the schedule replaces.
+        """
         if self._checked:
             return
         self._checked = True
         total = self._total(trainer)
         self.total = total
-        for target in self._targets(trainer, pl_module, total):
+        targets = self._targets(trainer, pl_module, total)
+        if not targets:
+            raise ValueError(
+                f"{type(self).__name__}{self._scope_text()} acts on no criterion of this run: "
+                "no LossSwitch criterion used in training is in its scope"
+            )
+        replaced = []
+        for target in targets:
             self._check_attribute(target.criterion, target.label)
             self._check_values(trainer, target, total)
+            given = getattr(target.criterion, self.attribute)
+            first = float(self.schedule(target.first, total))
+            if isinstance(given, (int, float)) and float(given) != first:
+                name = target.label or type(target.criterion).__name__
+                replaced.append(
+                    f"{name} was given {self.attribute}={given!r}, the schedule sets "
+                    f"{first!r} at {self._where(target.first, total)}"
+                )
+        if replaced:
+            rank_zero_warn(
+                f"{type(self).__name__} sets criterion.{self.attribute} from its schedule, "
+                f"replacing the value given: {'; '.join(replaced)}. To leave a criterion's "
+                "value alone, scope the schedule with stages=[...] (LossSwitch criteria "
+                "indices) or losses=[...] (loss names)."
+            )
+
+    def describe(self) -> str:
+        """One line for the fit summary: the attribute, the schedule, the interval, the scope.
+
+        Example:
+            >>> from lightning_losses.callbacks import ConstantSchedule
+            >>> LossScheduler("gamma", ConstantSchedule(2.0), losses=["focal"]).describe()[-32:]
+            "per step (only losses ['focal'])"
+        """
+        return (
+            f"{type(self).__name__}: criterion.{self.attribute} = {self.schedule!r} per "
+            f"{self.interval}{self._scope_text()}"
+        )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -338,6 +483,8 @@ class LossScheduler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         value = self._set(trainer, pl_module)
+        if value is None:  # out of scope
+            return
         per_step = self.interval == "step"
         pl_module.log(
             f"schedule/{self.attribute}",
@@ -385,6 +532,9 @@ class GammaAnnealing(LossScheduler):
         until: where it ends, after ``begin``; same forms.
         shape: ``"linear"`` or ``"cosine"``.
         interval: ``"step"`` or ``"epoch"`` (see :class:`LossScheduler`).
+        stages: act only on these :class:`~lightning_losses.callbacks.LossSwitch` criteria
+            (see :class:`LossScheduler`); ``None``: every stage.
+        losses: act only on criteria of these losses, e.g. ``["gamma_ce"]``; ``None``: any.
 
     Example:
         >>> annealing = GammaAnnealing(start=0.0, end=1.0, begin=0, until=0.5)
@@ -402,6 +552,8 @@ class GammaAnnealing(LossScheduler):
         until: Boundary = 1.0,
         shape: str = "linear",
         interval: str = "step",
+        stages: list[int] | None = None,
+        losses: list[str] | None = None,
     ) -> None:
         if shape not in _SHAPES:
             raise ValueError(f"shape must be one of {tuple(_SHAPES)}; got {shape!r}")
@@ -411,9 +563,29 @@ class GammaAnnealing(LossScheduler):
         check_boundary("until", until)
         check_order("begin", begin, "until", until)
         schedule = _SHAPES[shape](start, end, start=begin, end=until)
-        super().__init__("gamma", schedule, interval)
+        super().__init__("gamma", schedule, interval, stages=stages, losses=losses)
         self.start = start
         self.end = end
         self.begin = begin
         self.until = until
         self.shape = shape
+
+    def _boundary_text(self, boundary: Boundary) -> str:
+        """``"step 0"`` for an int boundary, ``"50% of training"`` for a fraction."""
+        if isinstance(boundary, int):
+            return f"{self.interval} {boundary}"
+        return f"{boundary:.0%} of training"
+
+    @override
+    def describe(self) -> str:
+        """One line for the fit summary.
+
+        Example:
+            >>> GammaAnnealing(0.0, 1.0, begin=0, until=0.5).describe()
+            'GammaAnnealing: gamma 0.0 -> 1.0, linear, from step 0 to 50% of training'
+        """
+        return (
+            f"GammaAnnealing: gamma {self.start!r} -> {self.end!r}, {self.shape}, from "
+            f"{self._boundary_text(self.begin)} to {self._boundary_text(self.until)}"
+            f"{self._scope_text()}"
+        )

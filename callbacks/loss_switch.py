@@ -100,15 +100,27 @@ class LossSwitch(Callback):
         stop = self.milestones[index] if index < len(self.milestones) else None
         return first, stop
 
-    def describe(self, index: int) -> str:
-        """``criteria[index]`` with its first epoch and spec, for error messages.
+    def describe(self, index: int | None = None) -> str:
+        """``criteria[index]`` with its spec and first epoch; all criteria when ``index=None``.
+
+        With an index, for error messages; without, the line of the fit summary.
 
         Example:
-            >>> LossSwitch(["ce", "focal"], milestones=[3]).describe(1)
+            >>> switch = LossSwitch(["ce", "focal"], milestones=[3])
+            >>> switch.describe(1)
             "LossSwitch criteria[1]='focal' (from epoch 3)"
+            >>> switch.describe()
+            "LossSwitch: 'ce' in epochs 0-2, 'focal' from epoch 3"
         """
-        first = self.epochs(index)[0]
-        return f"LossSwitch criteria[{index}]={self.criteria[index]!r} (from epoch {first})"
+        if index is not None:
+            first = self.epochs(index)[0]
+            return f"LossSwitch criteria[{index}]={self.criteria[index]!r} (from epoch {first})"
+        phases = []
+        for i, spec in enumerate(self.criteria):
+            first, stop = self.epochs(i)
+            when = f"from epoch {first}" if stop is None else f"in epochs {first}-{stop - 1}"
+            phases.append(f"{spec!r} {when}")
+        return "LossSwitch: " + ", ".join(phases)
 
     @property
     def modules(self) -> list[Any]:

@@ -115,7 +115,8 @@ def test_monitor_diagram_every_n_epochs_and_test_stage(tmp_path):
     assert "val/adaptive_ece" in trainer.callback_metrics
     assert "val/classwise_ece" in trainer.callback_metrics
     trainer.test(model, dm)
-    assert [p.name for p in folder.glob("test_*.png")] == ["test_epoch=003.png"]
+    # The weights tested are those of the last epoch trained, epoch 2.
+    assert [p.name for p in folder.glob("test_*.png")] == ["test_epoch=002.png"]
     assert 0.0 <= float(trainer.callback_metrics["test/ece"]) <= 1.0
 
 
