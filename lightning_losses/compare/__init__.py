@@ -1,0 +1,107 @@
+"""Compare the MLflow runs of an experiment side by side: ``lightning-losses compare``.
+
+The package, by what each part does:
+
+- :mod:`~lightning_losses.compare.query`: the MLflow store, the experiment and its runs, one
+  row per run (:func:`collect_runs`, :func:`run_row`, :data:`METRICS`, :data:`COLUMNS`).
+- :mod:`~lightning_losses.compare.params`: flattened MLflow params back to nested values
+  (:func:`unflatten`).
+- :mod:`~lightning_losses.compare.describe`: a run's hyper-parameters as one short line: the
+  loss's arguments and its schedules (:func:`hparams_text`).
+- :mod:`~lightning_losses.compare.table`: sorting, the text table and the CSV
+  (:func:`sort_rows`, :func:`format_table`, :func:`write_csv`).
+- :mod:`~lightning_losses.compare.figure`: accuracy against ECE with one label per run, placed
+  so that labels do not overlap, and the runs' reliability diagrams
+  (:func:`comparison_figure`, :func:`draw_scatter`, :func:`point_labels`).
+- :mod:`~lightning_losses.compare.cli`: the command line (:func:`build_parser`, :func:`main`);
+  it imports only the standard library until it runs.
+
+The names above are importable from ``lightning_losses.compare`` itself; they are loaded on
+first use (PEP 562), so importing the package, or its ``cli`` for ``--help``, stays light.
+mlflow and matplotlib are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Each name importable from the package, with the submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("DEFAULT_EXPERIMENT", "build_parser", "main"), "cli"),
+    **dict.fromkeys(("NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text"), "describe"),
+    **dict.fromkeys(
+        (
+            "DIAGRAM_DIR",
+            "DIAGRAM_PATTERN",
+            "DIAGRAM_WIDTH",
+            "DPI",
+            "FIGURE_HEIGHT",
+            "PROGRESS_BAR_VARIABLE",
+            "SCATTER_WIDTH",
+            "comparison_figure",
+            "draw_scatter",
+            "point_labels",
+        ),
+        "figure",
+    ),
+    "unflatten": "params",
+    **dict.fromkeys(
+        (
+            "COLUMNS",
+            "DEFAULT_TRACKING_URI",
+            "LISTED_STATUSES",
+            "METRICS",
+            "_wall_time",  # used by tests written against the single-module version
+            "collect_runs",
+            "mlflow_client",
+            "resolve_tracking_uri",
+            "run_row",
+        ),
+        "query",
+    ),
+    **dict.fromkeys(
+        (
+            "MAX_CELL",
+            "NUMERIC_COLUMNS",
+            "TABLE_COLUMNS",
+            "format_table",
+            "sort_rows",
+            "write_csv",
+        ),
+        "table",
+    ),
+}
+
+__all__ = [
+    "COLUMNS",
+    "METRICS",
+    "build_parser",
+    "collect_runs",
+    "comparison_figure",
+    "draw_scatter",
+    "format_table",
+    "hparams_text",
+    "main",
+    "point_labels",
+    "resolve_tracking_uri",
+    "run_row",
+    "sort_rows",
+    "unflatten",
+    "write_csv",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name of :data:`_EXPORTS` from its submodule on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones included."""
+    return sorted({*globals(), *_EXPORTS})

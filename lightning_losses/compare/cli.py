@@ -1,0 +1,93 @@
+"""``lightning-losses compare``: the command line (argument parser and entry point).
+
+Imports only the standard library at import time, so that ``lightning-losses compare --help``
+stays fast: :func:`build_parser` reads nothing else, and :func:`main` imports the rest of the
+package (and mlflow) once the arguments are parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["DEFAULT_EXPERIMENT", "build_parser", "main"]
+
+#: Experiment that :func:`main` compares when none is given.
+DEFAULT_EXPERIMENT = "lightning-losses"
+#: Shown in ``--help``; the same as ``query.DEFAULT_TRACKING_URI`` (a test checks).
+_DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``lightning-losses compare``.
+
+    Returns:
+        A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
+        ``descending``, ``out``, ``diagrams`` and ``runs``.
+
+    Example:
+        >>> args = build_parser().parse_args(["--sort-by", "acc", "--runs", "a1", "b2"])
+        >>> args.experiment, args.sort_by, args.runs, args.diagrams
+        ('lightning-losses', 'acc', ['a1', 'b2'], 4)
+    """
+    parser = argparse.ArgumentParser(
+        prog="lightning-losses compare",
+        description="Compare the MLflow runs of an experiment: a table, a CSV and a figure.",
+    )
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="experiment name")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or {_DEFAULT_TRACKING_URI})",
+    )
+    parser.add_argument("--sort-by", default="val/ece", help="column to sort by (val/ece)")
+    parser.add_argument("--descending", action="store_true", help="sort largest first")
+    parser.add_argument("--out", default="comparison", help="output folder (comparison)")
+    parser.add_argument(
+        "--diagrams", type=int, default=4, help="reliability diagrams in the figure (4)"
+    )
+    parser.add_argument("--runs", nargs="+", metavar="ID", help="only these run ids")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``lightning-losses compare``: print the comparison table, write CSV and figure.
+
+    Args:
+        argv: the arguments after ``compare`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success; 1 when there is no run to compare; 2 on an error (unknown experiment,
+        run or column, missing store), with the message on stderr.
+    """
+    args = build_parser().parse_args(argv)
+    from mlflow.exceptions import MlflowException
+
+    from .figure import comparison_figure
+    from .query import collect_runs, resolve_tracking_uri
+    from .table import format_table, sort_rows, write_csv
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    try:
+        rows = collect_runs(args.experiment, tracking_uri=uri, run_ids=args.runs)
+        if not rows:
+            print(f"no finished or running runs in experiment {args.experiment!r}", file=sys.stderr)
+            return 1
+        rows = sort_rows(rows, args.sort_by, args.descending)
+        table = format_table(rows, args.sort_by, args.descending)
+        out = Path(args.out)
+        csv_path = write_csv(rows, out / "comparison.csv")
+        png_path = comparison_figure(
+            rows, out / "comparison.png", tracking_uri=uri, diagrams=args.diagrams
+        )
+    except (ValueError, OSError, MlflowException) as error:
+        print(f"lightning-losses compare: error: {error}", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"\nwrote {csv_path}\nwrote {png_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

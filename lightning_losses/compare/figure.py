@@ -1,0 +1,382 @@
+"""The comparison figure: accuracy against ECE, a labelled point per run, reliability diagrams.
+
+Each point is labelled with its run (:func:`point_labels`: the run name, or a short run id,
+and the run's hyper-parameters when they tell the runs apart and are short). The labels are
+placed so that they do not overlap (:func:`draw_scatter`): sorted by the height of their
+points, stacked upwards where they would touch, kept inside the panel, each joined to its point
+by a thin leader line when it had to move. When there are too many runs for one column of
+labels, the points get distinct colour-and-marker pairs and a legend names them instead.
+
+Imports only the standard library; matplotlib and mlflow are imported inside the functions
+that use them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .query import mlflow_client, resolve_tracking_uri
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.text import Text
+    from mlflow.tracking import MlflowClient
+
+__all__ = [
+    "DIAGRAM_WIDTH",
+    "DPI",
+    "FIGURE_HEIGHT",
+    "SCATTER_WIDTH",
+    "comparison_figure",
+    "draw_scatter",
+    "point_labels",
+]
+
+#: Reliability diagrams logged by CalibrationMonitor: ``calibration/val_epoch=NNN.png``.
+DIAGRAM_DIR = "calibration"
+DIAGRAM_PATTERN = re.compile(r"val_epoch=(\d+)\.png$")
+
+#: Comparison figure geometry in inches (scatter panel, one diagram tile, height) and DPI.
+SCATTER_WIDTH = 6.0
+DIAGRAM_WIDTH = 4.5
+FIGURE_HEIGHT = 5.0
+DPI = 100
+
+#: Font size of the point labels (points).
+LABEL_FONTSIZE = 7
+#: Horizontal gap between a point and its label, vertical gap between labels (points).
+LABEL_GAP = 6.0
+LABEL_SPACING = 1.5
+#: Longest hyper-parameter text put into a point label (longer ones are left to the table).
+SHORT_HPARAMS = 24
+#: Longest point label (a longer run name is cut with "...").
+MAX_LABEL = 48
+#: Rows of a legend column (when the labels do not fit in the panel).
+LEGEND_ROWS = 40
+#: Markers, cycled after the ten default colours, so that a legend tells many runs apart.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: Environment variable that turns MLflow's artifact download progress bar off.
+PROGRESS_BAR_VARIABLE = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+# --------------------------------------------------------------------------------------------
+# Labels
+# --------------------------------------------------------------------------------------------
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``...`` when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def point_labels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The label of each run's point: its run, not its loss (two runs of one loss differ).
+
+    A label is the run name, or the first 8 characters of the run id when the run has no name
+    (``run N`` when it has neither); a name that several rows share gets the first 6 characters
+    of its run id in brackets. The run's ``hparams`` text follows in parentheses when the rows
+    do not all have the same one and it is at most :data:`SHORT_HPARAMS` characters long.
+
+    Args:
+        rows: comparison rows (:func:`~lightning_losses.compare.query.collect_runs`).
+
+    Returns:
+        One label per row, in order, each at most :data:`MAX_LABEL` characters.
+
+    Example:
+        >>> point_labels([
+        ...     {"run_name": "focal", "run_id": "a1b2c3d4e5", "hparams": "gamma=1"},
+        ...     {"run_name": "focal", "run_id": "f6e5d4c3b2", "hparams": "gamma=3"},
+        ...     {"run_id": "0123456789abcdef", "hparams": ""},
+        ... ])
+        ['focal [a1b2c3] (gamma=1)', 'focal [f6e5d4] (gamma=3)', '01234567']
+    """
+    names = []
+    for i, row in enumerate(rows):
+        run_id = str(row.get("run_id") or "")
+        names.append(str(row.get("run_name") or run_id[:8] or f"run {i + 1}"))
+    shared = Counter(names)
+    hparams = [str(row.get("hparams") or "") for row in rows]
+    distinct = len(set(hparams)) > 1
+    labels = []
+    for name, row, text in zip(names, rows, hparams, strict=True):
+        run_id = str(row.get("run_id") or "")
+        if shared[name] > 1 and run_id:
+            name = f"{name} [{run_id[:6]}]"
+        if distinct and text and len(text) <= SHORT_HPARAMS:
+            name = f"{name} ({text})"
+        labels.append(_cut(name, MAX_LABEL))
+    return labels
+
+
+def _stack(
+    centres: Sequence[float], heights: Sequence[float], low: float, high: float, gap: float
+) -> list[float] | None:
+    """Centres for boxes of ``heights`` near ``centres`` (sorted) that leave ``gap`` between them.
+
+    A pass upwards moves each box above the one below it (and above ``low``); a pass downwards
+    then moves each box below the one above it (and below ``high``). Returns ``None`` when the
+    boxes do not fit between ``low`` and ``high``.
+    """
+    placed = list(centres)
+    for k, height in enumerate(heights):
+        floor = low + height / 2
+        if k:
+            floor = max(floor, placed[k - 1] + (heights[k - 1] + height) / 2 + gap)
+        placed[k] = max(placed[k], floor)
+    for k in range(len(heights) - 1, -1, -1):
+        ceiling = high - heights[k] / 2
+        if k < len(heights) - 1:
+            ceiling = min(ceiling, placed[k + 1] - (heights[k + 1] + heights[k]) / 2 - gap)
+        placed[k] = min(placed[k], ceiling)
+    if heights and placed[0] - heights[0] / 2 < low - 1e-6:
+        return None
+    return placed
+
+
+def _place_labels(
+    ax: Axes, points: Sequence[tuple[float, float]], labels: Sequence[str]
+) -> list[Text] | None:
+    """Annotate each point with its label, no two labels overlapping; ``None`` if they cannot.
+
+    Works in display pixels of the figure as laid out now, then fixes the layout (the labels'
+    offsets are in points from their points, so a later layout would move them).
+    """
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    pixels = fig.dpi / 72.0  # pixels per point
+    xy = ax.transData.transform(points)
+    texts = [
+        ax.annotate(
+            label,
+            point,
+            xytext=(0, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=LABEL_FONTSIZE,
+            annotation_clip=False,
+        )
+        for point, label in zip(points, labels, strict=True)
+    ]
+    extents = [text.get_window_extent(renderer) for text in texts]
+    order = sorted(range(len(points)), key=lambda i: (xy[i][1], xy[i][0], i))
+    heights = [extents[i].height for i in order]
+    centres = _stack([xy[i][1] for i in order], heights, box.y0, box.y1, LABEL_SPACING * pixels)
+    if centres is None:
+        for text in texts:
+            text.remove()
+        return None
+    for i, centre in zip(order, centres, strict=True):
+        (x, y), width = xy[i], extents[i].width
+        moved = abs(centre - y) > extents[i].height / 2
+        gap = LABEL_GAP * pixels * (3 if moved else 1)  # moved labels fan out from the point
+        left = x + gap  # right of the point where it fits, else left of it, else clamped
+        if left + width > box.x1:
+            left = x - gap - width
+        left = min(max(left, box.x0), box.x1 - width)
+        texts[i].xyann = ((left - x) / pixels, (centre - y) / pixels)
+        end = left if abs(left - x) <= abs(left + width - x) else left + width  # nearer edge
+        if moved or abs(end - x) > 2 * gap:
+            ax.annotate(
+                "",
+                points[i],
+                xytext=((end - x) / pixels, (centre - y) / pixels),
+                textcoords="offset points",
+                arrowprops={"arrowstyle": "-", "color": "0.55", "lw": 0.5, "shrinkA": 1},
+                annotation_clip=False,
+            )
+    fig.set_layout_engine("none")
+    return texts
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not ``None``, NaN or infinite)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> list[Text]:
+    """Accuracy (x) against ECE (y), one point per run that has both, labelled with its run.
+
+    Draw the figure's other panels first: this lays the figure out, places the labels in that
+    layout (:func:`point_labels`, sorted by height, stacked where they would overlap, kept in
+    the panel, leader lines to points they moved away from) and then fixes the layout. When the
+    labels do not fit in one column, the points get distinct colour-and-marker pairs and a
+    legend beside the panel names them instead (the layout is then left to the figure).
+
+    Args:
+        ax: the panel, in a figure with an Agg-based canvas (it measures the labels with the
+            canvas's renderer), such as :func:`comparison_figure`'s.
+        rows: comparison rows; rows without a finite ``val/acc`` and ``val/ece`` are left out
+            (labels are made for all ``rows`` at once: :func:`point_labels`).
+
+    Returns:
+        The label texts (in the panel, or the legend's), in the order of the plotted rows.
+    """
+    has_both = [_finite(row.get("val/acc")) and _finite(row.get("val/ece")) for row in rows]
+    plotted = [row for row, keep in zip(rows, has_both, strict=True) if keep]
+    labels = [label for label, keep in zip(point_labels(rows), has_both, strict=True) if keep]
+    points = [(float(r["val/acc"]), float(r["val/ece"])) for r in plotted]
+    handles = [
+        ax.scatter(x, y, color=f"C{i % 10}", marker=MARKERS[i // 10 % len(MARKERS)], s=36, zorder=3)
+        for i, (x, y) in enumerate(points)
+    ]
+    if not points:
+        ax.text(0.5, 0.5, "no run has val/acc and val/ece", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("validation accuracy")
+    ax.set_ylabel("validation ECE")
+    ax.set_title("accuracy vs calibration (lower ECE is better)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.margins(0.15)
+    if not points:
+        return []
+    ax.figure.draw_without_rendering()  # lays the figure out and fixes the axis limits
+    texts = _place_labels(ax, points, labels)
+    if texts is not None:
+        return texts
+    columns = -(-len(points) // LEGEND_ROWS)
+    legend = ax.legend(
+        handles,
+        labels,
+        fontsize=6,
+        ncols=columns,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
+    )
+    return list(legend.get_texts())
+
+
+# --------------------------------------------------------------------------------------------
+# Reliability diagrams
+# --------------------------------------------------------------------------------------------
+
+
+def _latest_diagram(client: MlflowClient, run_id: str) -> str | None:
+    """The artifact path of the run's reliability diagram with the highest epoch, if any."""
+    best: tuple[int, str] | None = None
+    for info in client.list_artifacts(run_id, DIAGRAM_DIR):
+        match = DIAGRAM_PATTERN.search(info.path)
+        if not info.is_dir and match and (best is None or int(match.group(1)) > best[0]):
+            best = (int(match.group(1)), info.path)
+    return None if best is None else best[1]
+
+
+@contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """Set an environment variable for the duration of a block (unless the user set it)."""
+    previous = os.environ.get(name)
+    os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+
+
+def _fetch_diagrams(
+    rows: Sequence[Mapping[str, Any]], tracking_uri: str, limit: int, folder: str
+) -> list[tuple[Mapping[str, Any], Path]]:
+    """Download the latest diagram of the first ``limit`` rows that have one into ``folder``.
+
+    Runs without a diagram are skipped; a diagram that cannot be read is skipped with a warning.
+    """
+    if limit <= 0:
+        return []
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(tracking_uri)
+    found: list[tuple[Mapping[str, Any], Path]] = []
+    for i, row in enumerate(rows):
+        run_id = row.get("run_id")
+        try:
+            artifact = _latest_diagram(client, run_id) if run_id else None
+            if artifact is None:
+                continue
+            local = mlflow.artifacts.download_artifacts(
+                run_id=run_id,
+                artifact_path=artifact,
+                dst_path=os.path.join(folder, str(i)),
+                tracking_uri=tracking_uri,
+            )
+        except (OSError, MlflowException) as error:
+            warnings.warn(f"skipping the diagram of run {run_id}: {error}", stacklevel=2)
+            continue
+        found.append((row, Path(local)))
+        if len(found) == limit:
+            break
+    return found
+
+
+def _draw_diagram(ax: Axes, row: Mapping[str, Any], label: str, image_path: Path) -> None:
+    """One reliability-diagram image, titled with the run's label, loss and hyper-parameters."""
+    from matplotlib.image import imread
+
+    ax.imshow(imread(image_path))
+    loss = _cut(" ".join(str(row.get(k) or "") for k in ("loss", "hparams")).strip(), 60)
+    ax.set_title(f"{label}\n{loss}", fontsize=8)
+    ax.set_axis_off()
+
+
+def comparison_figure(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    tracking_uri: str | None = None,
+    diagrams: int = 4,
+) -> Path:
+    """Save one PNG comparing the runs: accuracy against ECE, and their reliability diagrams.
+
+    The left panel plots each run's validation accuracy (x) against its ECE (y), labelled with
+    the run (see :func:`draw_scatter`). To its right, side by side, come the latest reliability
+    diagrams (``calibration/val_epoch=NNN.png`` with the highest epoch) of the first
+    ``diagrams`` runs in ``rows`` that logged one. The PNG is
+    ``(SCATTER_WIDTH + n * DIAGRAM_WIDTH) * DPI`` by ``FIGURE_HEIGHT * DPI`` pixels for ``n``
+    diagrams shown.
+
+    Args:
+        rows: comparison rows, in the order of preference for the diagrams.
+        path: the PNG to write; its folder is created.
+        tracking_uri: where the runs' artifacts are (``None``: as in
+            :func:`~lightning_losses.compare.query.collect_runs`).
+        diagrams: at most this many diagrams (``0``: the scatter panel only).
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = list(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="lightning-losses-compare-") as folder,
+        _environ(PROGRESS_BAR_VARIABLE, "false"),
+    ):
+        tiles = _fetch_diagrams(rows, resolve_tracking_uri(tracking_uri), diagrams, folder)
+        width = SCATTER_WIDTH + DIAGRAM_WIDTH * len(tiles)
+        fig = Figure(figsize=(width, FIGURE_HEIGHT), dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        grid = fig.add_gridspec(
+            1, 1 + len(tiles), width_ratios=[SCATTER_WIDTH] + [DIAGRAM_WIDTH] * len(tiles)
+        )
+        scatter = fig.add_subplot(grid[0, 0])
+        labels = {id(row): label for row, label in zip(rows, point_labels(rows), strict=True)}
+        for i, (row, image) in enumerate(tiles):
+            _draw_diagram(fig.add_subplot(grid[0, i + 1]), row, labels[id(row)], image)
+        draw_scatter(scatter, rows)  # last: it fixes the layout
+        fig.savefig(path, dpi=DPI)
+    return path

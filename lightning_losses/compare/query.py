@@ -1,0 +1,283 @@
+"""The runs of an MLflow experiment as rows: the store, the experiment, the runs, one row each.
+
+Each run logged by the package's MLflow logger carries the tags ``loss``, ``dataset`` and
+``config``, the resolved config flattened into dotted params and metric histories
+(``val/acc``, ``val/ece``, ...). :func:`collect_runs` turns every finished or running run into
+one flat row (:func:`run_row`): its loss, its key hyper-parameters
+(:func:`~lightning_losses.compare.describe.hparams_text`), its dataset, the final value of each
+of :data:`METRICS` (read from the run's one-value-per-step history, so that a resumed run shows
+what its resumed fit logged), the number of epochs and the wall time.
+
+Imports only the standard library; mlflow is imported inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .describe import hparams_text
+from .params import class_name, parse_param
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_TRACKING_URI",
+    "LISTED_STATUSES",
+    "METRICS",
+    "collect_runs",
+    "mlflow_client",
+    "resolve_tracking_uri",
+    "run_row",
+]
+
+#: Tracking URI used when neither the argument nor ``MLFLOW_TRACKING_URI`` gives one.
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: The metrics of a row, each with the MLflow metric keys it is read from (first one present).
+#: One name per quantity, the module's first (``ClassifierModule`` logs ``val/acc`` and
+#: ``val/nll``, ``CalibrationMonitor`` ``val/ece`` and ``val/brier``); ``val/accuracy``, the
+#: same quantity under the monitor's name as older stores hold it, is read only where
+#: ``val/acc`` is missing.
+METRICS: dict[str, tuple[str, ...]] = {
+    "val/acc": ("val/acc", "val/accuracy"),
+    "val/nll": ("val/nll",),
+    "val/ece": ("val/ece",),
+    "val/brier": ("val/brier",),
+}
+#: The keys of a row, in CSV column order.
+COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "run_name",
+    "status",
+    "loss",
+    "hparams",
+    "dataset",
+    "config",
+    *METRICS,
+    "epochs",
+    "wall_time_s",
+)
+#: Run statuses listed when no run ids are given.
+LISTED_STATUSES = ("FINISHED", "RUNNING")
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The tracking URI to read: the argument, else ``MLFLOW_TRACKING_URI``, else the default.
+
+    Args:
+        tracking_uri: an explicit URI, or ``None``.
+
+    Returns:
+        ``tracking_uri``, the environment variable ``MLFLOW_TRACKING_URI`` or
+        ``sqlite:///mlflow.db`` (a SQLite store in the working directory), first one set; a
+        relative SQLite path is made absolute (MLflow caches stores by URI).
+
+    Example:
+        >>> resolve_tracking_uri("sqlite:////tmp/x.db")
+        'sqlite:////tmp/x.db'
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    path = _sqlite_path(uri)
+    if path is not None and not path.is_absolute():
+        query = uri.partition("?")[1] + uri.partition("?")[2]
+        uri = f"sqlite:///{path.resolve()}{query}"
+    return uri
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (``None`` for other URIs and ``:memory:``)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix) :].split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    return Path(path)
+
+
+def mlflow_client(tracking_uri: str) -> MlflowClient:
+    """An MlflowClient for ``tracking_uri``; a missing SQLite file is an error, not created.
+
+    Args:
+        tracking_uri: a resolved tracking URI (:func:`resolve_tracking_uri`).
+
+    Returns:
+        A client of that store.
+
+    Raises:
+        ValueError: the URI names a SQLite database that does not exist.
+    """
+    path = _sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
+        raise ValueError(
+            f"no MLflow store at {path} (tracking URI {tracking_uri!r}): log runs first "
+            "(lightning-losses fit ...) or pass --tracking-uri / set MLFLOW_TRACKING_URI"
+        )
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiment_id(client: MlflowClient, experiment: str) -> str:
+    """The id of the experiment named ``experiment``.
+
+    Raises:
+        ValueError: no such experiment; the message lists the existing ones.
+    """
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    names = sorted(e.name for e in client.search_experiments())
+    listing = ", ".join(repr(name) for name in names) or "none"
+    raise ValueError(f"no MLflow experiment named {experiment!r}; existing experiments: {listing}")
+
+
+def _search(client: MlflowClient, experiment_id: str, filter_string: str = "") -> list[Run]:
+    """All runs of an experiment matching ``filter_string``, oldest first, across pages."""
+    runs: list[Run] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=filter_string,
+            max_results=1000,
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _find_runs(
+    client: MlflowClient, experiment: str, experiment_id: str, run_ids: Sequence[str]
+) -> list[Run]:
+    """The runs of an experiment with the given ids, in the given order, whatever their status.
+
+    Raises:
+        ValueError: some ids are not runs of the experiment.
+    """
+    quoted = ", ".join("'" + run_id.replace("'", "") + "'" for run_id in run_ids)
+    runs = _search(client, experiment_id, f"attributes.run_id IN ({quoted})")
+    found = {run.info.run_id: run for run in runs}
+    missing = [run_id for run_id in run_ids if run_id not in found]
+    if missing:
+        raise ValueError(f"runs not in experiment {experiment!r}: {', '.join(missing)}")
+    return [found[run_id] for run_id in dict.fromkeys(run_ids)]
+
+
+def _loss_name(tags: Mapping[str, str], params: Mapping[str, str]) -> str | None:
+    """The ``loss`` tag, else the class at the end of ``model.criterion.class_path``."""
+    if tags.get("loss"):
+        return tags["loss"]
+    if params.get("model.criterion.class_path"):
+        return class_name(params["model.criterion.class_path"])
+    return params.get("model.criterion") or None
+
+
+def _dataset_name(tags: Mapping[str, str], params: Mapping[str, str]) -> str | None:
+    """The ``dataset`` tag, else the class at the end of ``data.class_path``."""
+    if tags.get("dataset"):
+        return tags["dataset"]
+    if params.get("data.class_path"):
+        return class_name(params["data.class_path"])
+    return None
+
+
+def _final_metrics(metrics: Mapping[str, float]) -> dict[str, float | None]:
+    """The last value (at the highest step) of each of :data:`METRICS`; ``None`` if missing."""
+    row: dict[str, float | None] = {}
+    for name, keys in METRICS.items():
+        row[name] = next((float(metrics[key]) for key in keys if key in metrics), None)
+    return row
+
+
+def _epochs(metrics: Mapping[str, float], params: Mapping[str, str]) -> int | None:
+    """Epochs run: last value of the ``epoch`` metric + 1, else param ``trainer.max_epochs``."""
+    if "epoch" in metrics:
+        return round(metrics["epoch"]) + 1
+    value = parse_param(params.get("trainer.max_epochs", ""))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    return None
+
+
+def _wall_time(start_ms: int | None, end_ms: int | None) -> float | None:
+    """Seconds from start to end; a run without an end (still running) counts up to now."""
+    if start_ms is None:
+        return None
+    end_ms = end_ms if end_ms else time.time() * 1000.0
+    return max(0.0, (end_ms - start_ms) / 1000.0)
+
+
+def run_row(run: Run, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """One comparison row (keys :data:`COLUMNS`) for an MLflow run.
+
+    Args:
+        run: a run from ``MlflowClient.search_runs`` or ``get_run``.
+        metrics: the final value of each metric (:func:`lightning_losses.tracking.final_metrics`,
+            which applies the run's resume markers); default ``run.data.metrics``, MLflow's
+            value at the highest step.
+
+    Returns:
+        The row: run id, name and status, loss, hparams text, dataset, config, final metrics,
+        epochs and wall time in seconds.
+    """
+    tags, params = run.data.tags, run.data.params
+    metrics = run.data.metrics if metrics is None else metrics
+    return {
+        "run_id": run.info.run_id,
+        "run_name": run.info.run_name,
+        "status": run.info.status,
+        "loss": _loss_name(tags, params),
+        "hparams": hparams_text(params),
+        "dataset": _dataset_name(tags, params),
+        "config": tags.get("config"),
+        **_final_metrics(metrics),
+        "epochs": _epochs(metrics, params),
+        "wall_time_s": _wall_time(run.info.start_time, run.info.end_time),
+    }
+
+
+def collect_runs(
+    experiment: str,
+    *,
+    tracking_uri: str | None = None,
+    run_ids: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per finished or running run of an MLflow experiment.
+
+    Final metrics are read from each run's one-value-per-step history
+    (:func:`lightning_losses.tracking.final_metrics`): a run resumed from an earlier
+    checkpoint shows what its resumed fit logged last, not the abandoned attempt's values.
+
+    Args:
+        experiment: the experiment's name.
+        tracking_uri: where the runs are; ``None``: ``MLFLOW_TRACKING_URI`` or
+            ``sqlite:///mlflow.db`` in the working directory.
+        run_ids: only these runs, in this order and whatever their status (default: every
+            finished or running run, oldest first).
+
+    Returns:
+        Rows with the keys :data:`COLUMNS` (see :func:`run_row`); missing values are ``None``.
+
+    Raises:
+        ValueError: the experiment does not exist (the message lists those that do), a run id
+            is not in it, or the SQLite store does not exist.
+    """
+    client = mlflow_client(resolve_tracking_uri(tracking_uri))
+    experiment_id = _experiment_id(client, experiment)
+    if run_ids:
+        runs = _find_runs(client, experiment, experiment_id, run_ids)
+    else:
+        runs = [r for r in _search(client, experiment_id) if r.info.status in LISTED_STATUSES]
+    from ..tracking import final_metrics
+
+    return [run_row(run, final_metrics(client, run)) for run in runs]
