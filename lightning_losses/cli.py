@@ -1,15 +1,22 @@
-"""The ``lightning-losses`` console script: LightningCLI over ClassifierModule and the data.
+"""LightningCLI over ClassifierModule and the data: ``fit``, ``validate``, ``test``, ``predict``.
 
 ``lightning-losses fit --config configs/digits_focal.yaml`` trains; ``validate``, ``test`` and
-``predict`` work the same way. Without ``--config`` the packaged default runs (digits, gamma-CE
-annealed from cross-entropy towards 1 - p_t). Any loss, schedule or callback is chosen in YAML
-with ``class_path`` / ``init_args``; ``--print_config`` prints a config that loads back.
+``predict`` evaluate a trained checkpoint (``--ckpt_path`` is required). Without ``--config``
+the packaged default runs (digits, gamma-CE annealed from cross-entropy towards 1 - p_t). Any
+loss, schedule or callback is chosen in YAML with ``class_path`` / ``init_args``;
+``--print_config`` prints a config that loads back.
+
+The console script's dispatcher is :mod:`lightning_losses.console`, which imports this module
+only for these four commands; :func:`run_fit` is the one way in for code that fits from
+command-line options (``lightning-losses reproduce`` among it).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
+from .commands import DESCRIPTION, LIGHTNING_COMMANDS, PROG
 from .models import ClassifierModule
 from .tracking import (
     DEFAULT_SAVE_DIR,
@@ -28,15 +36,15 @@ from .tracking import (
     run_folder_root,
 )
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
-DESCRIPTION = (
-    "Classification losses against overconfidence and imbalance, with calibration and MLflow "
-    "tracking. fit/validate/test/predict: LightningCLI over ClassifierModule (default config: "
-    "digits, gamma-CE annealed 0 -> 1). Also: `lightning-losses compare` (runs of an MLflow "
-    "experiment side by side), `lightning-losses sync-tracking SPOOL` (replay what a dead "
-    "tracking server missed), `lightning-losses reproduce` (test the source documents' "
-    "claims, write reports/REPORT.md); each takes --help."
-)
+SUBCOMMANDS = LIGHTNING_COMMANDS
+#: The subcommands that evaluate a trained checkpoint: they refuse to run without one.
+CHECKPOINT_COMMANDS = ("validate", "test", "predict")
+#: What each of :data:`CHECKPOINT_COMMANDS` does with the checkpoint (for the error message).
+_EVALUATES = {
+    "validate": "validate evaluates a trained checkpoint on the validation split",
+    "test": "test evaluates a trained checkpoint on the test split",
+    "predict": "predict runs a trained checkpoint",
+}
 
 
 def default_config_path() -> str:
@@ -151,8 +159,39 @@ class TrackingCLI(LightningCLI):
             require_reachable(init_args, source, self.subcommand or "")
 
 
+def require_checkpoint(config: Any, command: str | None) -> None:
+    """Stop ``validate``/``test``/``predict`` without ``--ckpt_path``, before anything is built.
+
+    These commands evaluate a trained model; without a checkpoint they would evaluate freshly
+    initialised weights (and log that into a new MLflow run). The message names
+    ``--ckpt_path``; the exit status is 2, as for argparse's errors. Other commands pass.
+
+    Example:
+        >>> require_checkpoint({"ckpt_path": "last.ckpt"}, "test")
+        >>> require_checkpoint({"ckpt_path": None}, "fit")
+    """
+    if command not in CHECKPOINT_COMMANDS or (config or {}).get("ckpt_path"):
+        return
+    print(
+        f"{PROG} {command}: error: --ckpt_path is required: {_EVALUATES[command]}, e.g. "
+        "--ckpt_path mlflow_runs/<experiment id>/<run id>/checkpoints/last.ckpt",
+        file=sys.stderr,
+    )
+    raise SystemExit(USAGE_ERROR)
+
+
 class LossesCLI(TrackingCLI):
-    """The ``lightning-losses`` CLI: links the DataModule's shape of the task into the model."""
+    """The ``lightning-losses`` CLI: links the DataModule's shape of the task into the model.
+
+    ``validate``, ``test`` and ``predict`` without ``--ckpt_path`` stop with a usage error
+    before any class is instantiated (:func:`require_checkpoint`).
+    """
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse an evaluation without a checkpoint, then :class:`TrackingCLI`'s checks."""
+        if self.subcommand is not None:
+            require_checkpoint(self.config.get(self.subcommand), self.subcommand)
+        super().before_instantiate_classes()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in (
@@ -175,8 +214,26 @@ def _with_default_config(args: list[str]) -> list[str]:
     return [args[0], "--config", default_config_path(), *args[1:]]
 
 
-def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> LossesCLI:
+@contextmanager
+def _command_line_aside() -> Iterator[None]:
+    """Hide the process's command line while a CLI runs on explicit ``args``.
+
+    LightningCLI warns when it is given ``args`` and the process has command-line arguments
+    of its own (e.g. a test runner's, or ``lightning-losses reproduce``'s); they are put back
+    when the CLI returns or raises.
+    """
+    kept, sys.argv[1:] = sys.argv[1:], []
+    try:
+        yield
+    finally:
+        sys.argv[1:] = kept
+
+
+def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any) -> LossesCLI:
     """Run the CLI (``args`` defaults to the command line) and return it.
+
+    With ``args`` given, the process's own command line is set aside while the CLI runs (it
+    is not the CLI's). A string for ``args`` is a TypeError.
 
     Example (in Python, e.g. a notebook or a test)::
 
@@ -195,33 +252,40 @@ def main(args: list[str] | None = None, run: bool = True, **cli_kwargs: Any) -> 
     kwargs.update(cli_kwargs)
     if args is None:  # the command line: LightningCLI reads sys.argv itself
         sys.argv[1:] = _with_default_config(sys.argv[1:])
-    else:
-        args = _with_default_config(list(args))
-    return LossesCLI(ClassifierModule, L.LightningDataModule, args=args, run=run, **kwargs)
+        return LossesCLI(ClassifierModule, L.LightningDataModule, run=run, **kwargs)
+    if isinstance(args, str):
+        raise TypeError(
+            f"args must be a sequence of strings such as ['fit', '--config', 'x.yaml'], "
+            f"not the string {args!r}"
+        )
+    with _command_line_aside():
+        return LossesCLI(
+            ClassifierModule,
+            L.LightningDataModule,
+            args=_with_default_config(list(args)),
+            run=run,
+            **kwargs,
+        )
 
 
-def console_main() -> int:
-    """Entry point of the ``lightning-losses`` console script.
+def run_fit(args: Sequence[str], **cli_kwargs: Any) -> LossesCLI:
+    """Fit as ``lightning-losses fit ARGS`` would, from Python; returns the finished CLI.
 
-    ``fit``, ``validate``, ``test``, ``predict``: LightningCLI. ``compare``: the runs of an
-    MLflow experiment side by side. ``sync-tracking PATH``: replay a tracking spool.
+    The one way in for code that trains from command-line options (``lightning-losses
+    reproduce`` uses it): the process's own command line is set aside while the CLI runs, and
+    the packaged default config applies when ``args`` names none.
+
+    Args:
+        args: the options of ``fit`` (without the word ``fit``), e.g.
+            ``["--config", "configs/digits_focal.yaml", "--trainer.max_epochs=2"]``.
+        **cli_kwargs: passed on to :class:`LossesCLI` (as by :func:`main`).
+
+    Raises:
+        TypeError: when ``args`` is a string rather than a sequence of strings.
     """
-    command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if command == "compare":
-        from .compare import main as compare_main
-
-        return compare_main(sys.argv[2:])
-    if command == "reproduce":
-        from .reproduce import main as reproduce_main
-
-        return reproduce_main(sys.argv[2:])
-    if command == "sync-tracking":
-        from .tracking import sync_main
-
-        return sync_main(sys.argv[2:])
-    main()
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(console_main())
+    if isinstance(args, str):
+        raise TypeError(
+            f"args must be a sequence of strings such as ['--config', 'x.yaml'], "
+            f"not the string {args!r}"
+        )
+    return main(["fit", *args], **cli_kwargs)

@@ -1,335 +1,58 @@
 """``lightning-losses reproduce``: test the sources' claims with tracked runs, write a report.
 
 ``lightning-losses reproduce [--claims 1 3] [--seeds 3] [--out reports/] [--tracking-uri URI]
-[--epochs-scale F]`` runs (or reuses, by MLflow tags) every variant of each claim for each
-seed, one MLflow experiment per claim (``claim-3-gamma-ce``...), reads the numbers back from
-MLflow and writes ``<out>/REPORT.md`` with a table (mean ± std over seeds), a verdict with the
-numbers it rests on, the run ids and the figures.
+[--epochs-scale F] [--jobs J]`` runs (or reuses, by MLflow tags) every variant of each claim
+for each seed, one MLflow experiment per claim (``claim-3-gamma-ce``...), reads the numbers
+back from MLflow and writes ``<out>/REPORT.md`` with a table (mean ± std over seeds), a
+verdict with the numbers it rests on, the run ids and the figures.
+
+Importing this package is light (the standard library only): :func:`main` and
+:func:`parse_args` come from :mod:`~lightning_losses.reproduce.cli`, and every other name
+(:func:`reproduce`, :func:`reproduce_all`, :func:`reproduce_claim`, :func:`run_claim`,
+:func:`run_or_reuse`...) from :mod:`~lightning_losses.reproduce.pipeline`, imported on first
+access (PEP 562), which imports torch and MLflow.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-import sys
-import time
-import traceback
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from typing import Any
-
-from .claims import CLAIMS
-from .report import (
-    ClaimResult,
-    collect,
-    curves_figure,
-    metrics_figure,
-    nll_curves_figure,
-    pr_figure,
-    reliability_figures,
-    scale_figure,
-    scaling_reliability_figures,
-    write_report,
-)
-from .runner import COMPLETE_TAG, client_for, find_run, run_or_reuse, run_tags
-from .spec import Claim, Table, Variant
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["main", "reproduce", "reproduce_all", "reproduce_claim"]
 
-#: Tracking URI used when neither ``--tracking-uri`` nor ``MLFLOW_TRACKING_URI`` is set.
-DEFAULT_URI = "sqlite:///mlflow.db"
+#: Names served by the light command-line module; every other name comes from the pipeline.
+_CLI_NAMES = frozenset({"build_parser", "main", "parse_args"})
 
-
-def threshold_run(claim: Claim, tracking_uri: str, out: Path) -> tuple[str, bool]:
-    """Claim 1's single MLflow run: reuse it, or compute the numbers and log them into one."""
-    from . import threshold
-
-    variant = claim.variants[0]
-    tags = run_tags(claim, variant, 0, 1)
-    client = client_for(tracking_uri)
-    found = find_run(client, claim.experiment, tags)
-    if found is not None:
-        return found, True
-    experiment = client.get_experiment_by_name(claim.experiment)
-    experiment_id = (
-        experiment.experiment_id if experiment else client.create_experiment(claim.experiment)
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports these
+    from .cli import build_parser, main, parse_args  # noqa: F401
+    from .pipeline import (  # noqa: F401
+        DEFAULT_URI,
+        display_uri,
+        figures,
+        quiet_libraries,
+        reproduce,
+        reproduce_all,
+        reproduce_claim,
+        run_claim,
+        run_command,
+        run_or_reuse,
+        threshold_run,
     )
-    run = client.create_run(experiment_id, tags=tags, run_name="threshold-analysis")
-    for key, value in threshold.analysis().items():
-        client.log_metric(run.info.run_id, key, value)
-    client.set_tag(run.info.run_id, COMPLETE_TAG, "1")
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id, False
 
 
-def quiet_libraries() -> None:
-    """Keep library chatter out of the terminal: the progress lines are the output.
-
-    Lightning's info lines (seeds, "fit stopped", device summaries, tips), its and torch's
-    deprecation and future warnings, and MLflow's artifact progress bars; the runs, their
-    failures and the report are printed as before.
-    """
-    import logging
-    import warnings
-
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_utilities"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    for category in (DeprecationWarning, FutureWarning, PendingDeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)
-    warnings.filterwarnings("ignore", message=r".*(is deprecated|LeafSpec).*")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+def __getattr__(name: str) -> Any:
+    """Import ``name`` from the command-line module or the pipeline on first access."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(".cli" if name in _CLI_NAMES else ".pipeline", __name__)
+    try:
+        value = getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
 
 
-def _no_conditions(table: Table) -> list:
-    return []
-
-
-def _worker_start(threads: int) -> None:
-    """Each worker process: ``threads`` torch threads, so the workers share the cores."""
-    import torch
-
-    quiet_libraries()
-    torch.set_num_threads(threads)
-
-
-def _run_one(
-    claim: Claim, variant: Variant, seed: int, scale: float, tracking_uri: str, out: Path
-) -> tuple[str, bool, float]:
-    started = time.perf_counter()
-    run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
-    return run_id, reused, time.perf_counter() - started
-
-
-def run_claim(
-    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path, jobs: int = 1
-) -> tuple[dict[tuple[str, int], str], int, list[str]]:
-    """Run or reuse every (variant, seed) of a claim, ``jobs`` fits at a time.
-
-    With ``jobs > 1`` the fits run in that many worker processes (each with
-    ``cpu_count // jobs`` torch threads); MLflow's SQLite store takes their writes in turn.
-    Progress goes to stdout as ``[k/N] claim <n> <variant> seed <s>: <run id> (<time>) ETA``.
-    A run that fails (an exception, or a config the CLI rejects) is reported and skipped: the
-    other runs go on, the report lists the failure, and its numbers count as missing.
-
-    Returns:
-        ``(run ids by (variant, seed), how many were reused, failures)``.
-    """
-    if claim.number == 1:
-        run_id, reused = threshold_run(claim, tracking_uri, out)
-        return {("analysis", 0): run_id}, int(reused), []
-    tasks = [(v, seed) for v in claim.variants for seed in range(claim.seeds(seeds))]
-    runs: dict[tuple[str, int], str] = {}
-    reused_count = 0
-    failures: list[str] = []
-    started = time.perf_counter()
-
-    def report(k: int, variant: Variant, seed: int, outcome: Any) -> None:
-        nonlocal reused_count
-        where = f"[{k}/{len(tasks)}] claim {claim.number} {variant.name} seed {seed}"
-        if isinstance(outcome, BaseException):
-            failures.append(f"{variant.name} seed {seed}: {type(outcome).__name__}: {outcome}")
-            traceback.print_exception(outcome)
-            print(f"{where}: FAILED ({outcome})", flush=True)
-            return
-        run_id, reused, seconds = outcome
-        runs[(variant.name, seed)] = run_id
-        reused_count += reused
-        elapsed = time.perf_counter() - started
-        eta = elapsed / k * (len(tasks) - k)
-        state = "reused" if reused else f"{seconds:.1f} s"
-        print(f"{where}: {run_id} ({state}) ETA {eta:.0f} s", flush=True)
-
-    if jobs <= 1:
-        for k, (variant, seed) in enumerate(tasks, 1):
-            try:
-                outcome: Any = _run_one(claim, variant, seed, scale, tracking_uri, out)
-            except (Exception, SystemExit) as error:  # SystemExit: the CLI rejected the config
-                outcome = error
-            report(k, variant, seed, outcome)
-        return runs, reused_count, failures
-    import multiprocessing
-
-    # Create the store (its schema) here, before the workers race to create it.
-    client_for(tracking_uri).search_experiments(max_results=1)
-    portable = dataclasses.replace(claim, conditions=_no_conditions, extra=None)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ProcessPoolExecutor(
-        jobs,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_worker_start,
-        initargs=(threads,),
-    ) as pool:
-        futures = [
-            (
-                variant,
-                seed,
-                pool.submit(_run_one, portable, variant, seed, scale, tracking_uri, out),
-            )
-            for variant, seed in tasks
-        ]
-        for k, (variant, seed, future) in enumerate(futures, 1):
-            error = future.exception()  # waits, in submission order
-            report(k, variant, seed, error if error is not None else future.result())
-    return runs, reused_count, failures
-
-
-def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
-    """Draw the claim's figures into ``out``; names relative to the report."""
-    number = result.claim.number
-    if number == 1:
-        from .threshold import figure
-
-        figure(str(out / "claim1_losses.png"))
-        return ["claim1_losses.png"]
-    names = []
-    bars = f"claim{number}_metrics.png"
-    if metrics_figure(result, out / bars):
-        names.append(bars)
-    if number == 5 and scale_figure(result, out / "claim5_scale.png"):
-        names.append("claim5_scale.png")
-    curves = f"claim{number}_curves.png"
-    if curves_figure(result, tracking_uri, out / curves):
-        names.append(curves)
-    if number in (2, 3):
-        names += reliability_figures(result, tracking_uri, out)
-    nll_curves = f"claim{number}_test_nll.png"
-    if nll_curves_figure(result, tracking_uri, out / nll_curves):
-        names.append(nll_curves)
-    if number == 8:
-        names += scaling_reliability_figures(result, tracking_uri, out)
-    pr = f"claim{number}_pr_curves.png"
-    if pr_figure(result, tracking_uri, out / pr):
-        names.append(pr)
-    return names
-
-
-def reproduce_claim(
-    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path, jobs: int = 1
-) -> ClaimResult:
-    """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
-    runs, reused, failures = run_claim(claim, seeds, scale, tracking_uri, out, jobs)
-    result = collect(claim, runs, tracking_uri)
-    result.reused = reused
-    result.failures = failures
-    result.epochs = {v.name: v.scaled_epochs(scale) for v in claim.variants if claim.number != 1}
-    result.figures = figures(result, tracking_uri, out)
-    return result
-
-
-def reproduce(
-    claims: Sequence[int], seeds: int, out: Path, tracking_uri: str, scale: float, jobs: int = 1
-) -> Path:
-    """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
-    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs)[0]
-
-
-def display_uri(uri: str) -> str:
-    """``uri`` for the report: a SQLite file as a path relative to the working directory.
-
-    The report then names the store as the reader would open it from the same folder, not by
-    the absolute path of the machine that produced it.
-
-    Example:
-        >>> display_uri("http://127.0.0.1:5000")
-        'http://127.0.0.1:5000'
-        >>> display_uri("sqlite:///" + str(Path.cwd() / "runs" / "mlflow.db"))
-        'sqlite:///runs/mlflow.db'
-    """
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or ":memory:" in uri:
-        return uri
-    relative = os.path.relpath(Path(uri[len(prefix) :]).resolve(), Path.cwd().resolve())
-    return prefix + Path(relative).as_posix()
-
-
-def reproduce_all(
-    claims: Sequence[int],
-    seeds: int,
-    out: Path,
-    tracking_uri: str,
-    scale: float,
-    jobs: int = 1,
-) -> tuple[Path, list[ClaimResult]]:
-    """:func:`reproduce`, also returning each claim's result (failed runs included)."""
-    from ..tracking import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs) for n in claims]
-    more = [
-        f"claim {n}: {CLAIMS[n].seeds(seeds)}" for n in claims if CLAIMS[n].seeds(seeds) > seeds
-    ]
-    raised = f" ({', '.join(more)}, the minimum its experiment file asks for)" if more else ""
-    header = [
-        f"Claims {', '.join(map(str, claims))}; {seeds} seed(s){raised}; epochs scale "
-        f"{scale:g}; {jobs} fit(s) at a time; tracking URI `{display_uri(uri)}`; the runs took "
-        f"{sum(r.seconds for r in results):.0f} s in all (MLflow start to end times), and "
-        f"this invocation {time.perf_counter() - started:.0f} s."
-    ]
-    if seeds < 2:
-        header.append(
-            "With one seed the ± columns are 0 and say nothing about noise: a difference "
-            "smaller than the seed-to-seed spread can flip a verdict. Use `--seeds 3`."
-        )
-    failed = sum(len(r.failures) for r in results)
-    if failed:
-        header.append(
-            f"**{failed} run(s) failed**; each claim lists its failures, and their numbers "
-            "are missing (a missing number never supports a claim)."
-        )
-    return write_report(results, out, header), results
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Command-line options of ``lightning-losses reproduce``."""
-    parser = argparse.ArgumentParser(prog="lightning-losses reproduce", description=__doc__)
-    parser.add_argument(
-        "--claims",
-        type=int,
-        nargs="+",
-        default=sorted(CLAIMS),
-        choices=sorted(CLAIMS),
-        help="claims to test (default: all)",
-    )
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (0, 1, ...)")
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
-    parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)",
-    )
-    parser.add_argument(
-        "--epochs-scale",
-        type=float,
-        default=1.0,
-        help="multiply every epoch budget (at least one epoch)",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        help="fits run at a time, each in its own process (e.g. the number of cores)",
-    )
-    args = parser.parse_args(list(argv))
-    if args.seeds < 1 or args.epochs_scale <= 0 or args.jobs < 1:
-        parser.error("--seeds and --jobs must be >= 1 and --epochs-scale > 0")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lightning-losses reproduce``."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    quiet_libraries()
-    path, results = reproduce_all(
-        args.claims, args.seeds, args.out, args.tracking_uri, args.epochs_scale, args.jobs
-    )
-    print(f"report: {path}")
-    failed = sum(len(r.failures) for r in results)
-    if failed:
-        print(f"{failed} run(s) failed; see the report", file=sys.stderr)
-        return 1
-    return 0
+def __dir__() -> list[str]:
+    """The package's attributes, the lazily imported names of ``__all__`` included."""
+    return sorted(set(globals()) | set(__all__))

@@ -1,4 +1,4 @@
-"""Run a variant with the CLI, or reuse its MLflow run, and log the metrics computed after fit.
+"""Fit a variant (:func:`lightning_losses.cli.run_fit`) or reuse its run; log post-fit metrics.
 
 Each run is tagged ``claim``, ``variant``, ``seed``, ``epochs`` and, once the metrics computed
 after fit are logged, ``reproduce_complete=1``; :func:`find_run` looks a run up by these tags
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,10 +118,9 @@ def runs_folder(tracking_uri: str, out: Path) -> Path:
 def fit_args(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> list[str]:
-    """``lightning-losses fit`` arguments of one run (config, overrides, budget, tracking)."""
+    """The options of ``lightning-losses fit`` for one run (config, overrides, budget, tracking)."""
     tags = json.dumps(run_tags(claim, variant, seed, epochs))
     return [
-        "fit",
         "--config",
         config_path(variant.config),
         *variant.overrides,
@@ -285,14 +283,10 @@ def log_post_fit(
 def train_variant(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> str:
-    """Fit one run with the CLI, log its post-fit metrics, return its run id."""
-    from ..cli import main as cli_main
+    """Fit one run (:func:`~lightning_losses.cli.run_fit`), log its post-fit metrics; its id."""
+    from ..cli import run_fit
 
-    argv, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns about a foreign command line
-    try:
-        cli = cli_main(fit_args(claim, variant, seed, epochs, tracking_uri, out))
-    finally:
-        sys.argv[1:] = argv
+    cli = run_fit(fit_args(claim, variant, seed, epochs, tracking_uri, out))
     run_id = cli.trainer.logger.run_id
     metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
     client = client_for(tracking_uri)
