@@ -140,8 +140,11 @@ class LossMixin:
                 return self.validation_output(logits, y)  # {"loss", "logits", "target"}
 
     The criterion is a submodule (its buffers move with the model). A checkpoint restores the
-    model's weights whatever criterion it was saved with: schedules and switches recompute the
-    criterion from training progress, so its state is not taken from the checkpoint.
+    model's weights whatever criterion it was saved with, also through Lightning's strict
+    ``MyModel.load_from_checkpoint(path)``: the saved criterion entries that fit the current
+    criterion (same name, same shape) are loaded, the others are dropped (see
+    :meth:`on_load_checkpoint`). Schedules and switches recompute the criterion from training
+    progress.
     """
 
     criterion: Any
@@ -191,16 +194,20 @@ class LossMixin:
         A saved entry is loaded when the current criterion has the same name with the same
         shape (a resumed fit gets back state such as AdaFocal's per-bin gammas); entries of
         another loss (a checkpoint saved with a different criterion, or in a later LossSwitch
-        stage) are dropped and the current criterion keeps its own.
+        stage) are dropped and the current criterion keeps its own. A criterion that is a plain
+        function holds no state: every saved entry is dropped. Strict loading
+        (``load_from_checkpoint``, ``fit --ckpt_path``) then finds exactly the keys it expects.
         """
         state = checkpoint.get("state_dict")
-        if state is not None and isinstance(getattr(self, "criterion", None), nn.Module):
+        if state is not None:
             saved = {
                 k[len("criterion.") :]: state.pop(k)
                 for k in list(state)
                 if k.startswith("criterion.")
             }
-            for name, value in self.criterion.state_dict().items():
+            criterion = getattr(self, "criterion", None)
+            current = criterion.state_dict() if isinstance(criterion, nn.Module) else {}
+            for name, value in current.items():
                 kept = saved.get(name)
                 fits = isinstance(kept, Tensor) and kept.shape == value.shape
                 state[f"criterion.{name}"] = kept if fits else value

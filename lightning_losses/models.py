@@ -234,10 +234,13 @@ class ClassifierModule(LossMixin, L.LightningModule):
     hyper-parameters: load such a checkpoint with ``load_from_checkpoint(path,
     backbone=<a backbone of the same architecture>)``.
 
-    Logged: ``train/loss``, ``train/acc`` (each step and the epoch's mean),
-    ``criterion/<hyper-parameter>``, ``time/epoch_seconds``, and per validation (and test)
-    epoch ``val/loss``, ``val/acc``, ``val/nll`` (``test/*``). ``validation_step`` returns
-    ``{"loss", "logits", "target"}`` for the calibration callback.
+    Logged: ``train/loss``, ``train/acc`` (each step, this process's batch: ``*_step``; and the
+    epoch's exact mean over every process's samples: ``*_epoch``),
+    ``criterion/<hyper-parameter>`` (each training step), ``time/epoch_seconds`` (the slowest
+    process's), and per validation (and test) epoch ``val/loss``, ``val/acc``, ``val/nll``
+    (``test/*``). Every value logged on epoch level is reduced across DDP processes, so no
+    ``sync_dist`` warning is due. ``validation_step`` returns ``{"loss", "logits", "target"}``
+    for the calibration callback.
 
     The validation and test values are :class:`MeanOfTerms` metrics (one set per stage) whose
     sums are reduced across DDP processes, so with an evaluation loader that gives each sample
@@ -373,6 +376,7 @@ class ClassifierModule(LossMixin, L.LightningModule):
         self.evaluation_metrics = nn.ModuleDict(
             {"val": _evaluation_metrics(), "test": _evaluation_metrics()}
         )
+        self.training_metrics = nn.ModuleDict({"loss": MeanOfTerms(), "acc": MeanOfTerms()})
         self._epoch_started = 0.0
 
     def forward(self, x: Tensor, target: Tensor | None = None) -> Tensor:
@@ -392,12 +396,23 @@ class ClassifierModule(LossMixin, L.LightningModule):
         logits = self(x, target if stage == "train" else None)
         loss = self.compute_loss(logits, target, log=stage == "train")
         if stage == "train":
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-            accuracy = task_accuracy(logits, target, self.task)
-            self.log("train/acc", accuracy, on_step=True, on_epoch=True, prog_bar=True)
+            self._log_training(logits, target, loss)
         else:
             self._log_evaluation(stage, logits, target, loss)
         return self.validation_output(logits, target, loss)
+
+    def _log_training(self, logits: Tensor, target: Tensor, loss: Tensor) -> None:
+        """Log the batch's loss and accuracy (this process's) and their exact epoch means.
+
+        Each metric's ``forward`` gives the batch value (``train/loss_step``, ``train/acc_step``:
+        no collective per step) and adds the batch to the epoch's sums, which Lightning reduces
+        across processes at the epoch's end (``train/loss_epoch``, ``train/acc_epoch``).
+        """
+        metrics = self.training_metrics
+        metrics["loss"](loss, weight=target.shape[0])
+        metrics["acc"](_correct_terms(logits, target, self.task))
+        for name in ("loss", "acc"):
+            self.log(f"train/{name}", metrics[name], on_step=True, on_epoch=True, prog_bar=True)
 
     def _log_evaluation(self, stage: str, logits: Tensor, target: Tensor, loss: Tensor) -> None:
         """Accumulate the stage's exact means; Lightning syncs their sums at the epoch's end."""
@@ -431,7 +446,9 @@ class ClassifierModule(LossMixin, L.LightningModule):
         self._epoch_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
-        self.log("time/epoch_seconds", time.perf_counter() - self._epoch_started)
+        # The slowest process's time is the epoch's (one reduction per epoch under DDP).
+        seconds = time.perf_counter() - self._epoch_started
+        self.log("time/epoch_seconds", seconds, sync_dist=True, reduce_fx="max")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         factory = self.optimizer_factory

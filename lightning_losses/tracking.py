@@ -29,7 +29,6 @@ Only rank 0 talks to MLflow (Lightning's ``rank_zero_only``): one run per fit un
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -121,20 +120,74 @@ def check_reachable(tracking_uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; ``None`` for other stores.
+
+    Example:
+        >>> sqlite_file("sqlite:////tmp/runs/mlflow.db").as_posix()
+        '/tmp/runs/mlflow.db'
+        >>> sqlite_file("http://127.0.0.1:5000") is None
+        True
+    """
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix) or ":memory:" in tracking_uri:
+        return None
+    return Path(tracking_uri[len(prefix) :].split("?", 1)[0])
+
+
+@contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on a SQLite store's folder while the block runs.
+
+    Two fits started at once on one new ``mlflow.db`` would both create its tables (and its
+    experiment): MLflow's schema migration is not safe against a concurrent one and one of
+    them fails. Creating the store, the experiment and the run under this lock makes them
+    take turns; the lock is a ``flock`` on the database's folder (no lock file is left
+    behind), released when the block ends. Other stores (a server, ``file:``), a folder that
+    does not exist and non-POSIX systems get no lock.
+    """
+    database = sqlite_file(tracking_uri)
+    folder = database.parent if database is not None else None
+    if folder is None or not folder.is_dir():
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the flock
+
+
+def flatten(
+    config: Mapping[str, Any], prefix: str = "", *, drop_none: bool = False
+) -> dict[str, str]:
     """Flatten nested mappings and lists to dotted keys with string values.
+
+    Args:
+        config: nested mappings and lists.
+        prefix: put before every key.
+        drop_none: leave out the keys whose value is ``None`` (an unset option says nothing a
+            missing param does not; MLflow params are for values).
 
     Example:
         >>> flatten({"model": {"criterion": {"init_args": {"gamma": 2.0}}}, "xs": [1, {"a": 2}]})
         {'model.criterion.init_args.gamma': '2.0', 'xs.0': '1', 'xs.1.a': '2'}
+        >>> flatten({"ckpt_path": None, "model": {"scale": None, "margin": 0.0}}, drop_none=True)
+        {'model.margin': '0.0'}
     """
     flat: dict[str, str] = {}
     items = config.items() if isinstance(config, Mapping) else enumerate(config)
     for key, value in items:
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and value):
-            flat.update(flatten(value, name + "."))
-        else:
+            flat.update(flatten(value, name + ".", drop_none=drop_none))
+        elif value is not None or not drop_none:
             flat[name] = str(value)
     return flat
 
@@ -519,16 +572,17 @@ class TrackingLogger(MLFlowLogger):
         # would otherwise pick ./mlruns); a server decides for itself.
         local_store = not uri.startswith(("http://", "https://"))
         artifacts = (Path(save_dir) / "artifacts").resolve().as_uri() if local_store else None
-        super().__init__(
-            experiment_name=experiment_name,
-            run_name=run_name,
-            tracking_uri=uri,
-            tags=tags,
-            save_dir=save_dir,
-            log_model=False,
-            run_id=run_id,
-            artifact_location=artifacts,
-        )
+        with store_lock(uri):  # a new SQLite store's tables are created here
+            super().__init__(
+                experiment_name=experiment_name,
+                run_name=run_name,
+                tracking_uri=uri,
+                tags=tags,
+                save_dir=save_dir,
+                log_model=False,
+                run_id=run_id,
+                artifact_location=artifacts,
+            )
         # Absolute, so that checkpoints record one folder whatever the working directory of a
         # later resume (ModelCheckpoint reloads its state only when its dirpath is unchanged).
         self._local_dir = os.path.abspath(save_dir)
@@ -536,6 +590,12 @@ class TrackingLogger(MLFlowLogger):
         self._resume_step = resume_step
         self._spooled_steps: set[tuple[str, int]] = set()
         self.spooled = 0
+        #: Where :meth:`log_hyperparams` puts the module's hyper-parameters: ``None`` (plain
+        #: use) logs them under their own dotted names; the CLI's config callback, which logs
+        #: the config, sets the config's model section (``"model."``) so that only the values
+        #: the config lacks (those linked from the data, such as ``model.input_dim``) are added.
+        self.model_param_prefix: str | None = None
+        self._logged_files: dict[tuple[str, str | None], tuple[int, int]] = {}
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -551,7 +611,8 @@ class TrackingLogger(MLFlowLogger):
         if self._initialized:
             return self._mlflow_client
         continuing = self._run_id is not None
-        with _environment_kept("MLFLOW_TRACKING_URI"):
+        # Under the store's lock: two fits starting at once would both create the experiment.
+        with _environment_kept("MLFLOW_TRACKING_URI"), store_lock(self._tracking_uri):
             client = super().experiment
         self._start_run(continuing)
         return client
@@ -668,11 +729,17 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
-        try:
-            super().log_hyperparams(params)
-        except Exception as error:
-            flat = flatten(params if isinstance(params, Mapping) else vars(params))
-            self._spool({"kind": "params", "params": flat}, error)
+        """Log the module's hyper-parameters once each, as dotted params (see :meth:`log_params`).
+
+        ``None`` values and private entries (LightningCLI's ``_instantiator``) are left out.
+        With :attr:`model_param_prefix` set (by the CLI, which logs the config), each name is
+        prefixed and the params the config logged already are not logged again.
+        """
+        values = params if isinstance(params, Mapping) else vars(params)
+        values = {k: v for k, v in values.items() if not str(k).startswith("_")}
+        flat = flatten(values, self.model_param_prefix or "", drop_none=True)
+        if flat:
+            self.log_params(flat)
 
     @rank_zero_only
     def log_params(self, params: Mapping[str, str]) -> None:
@@ -698,7 +765,22 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Log a local file as an artifact of the run (spooled by path if the server fails)."""
+        """Log a local file as an artifact of the run (spooled by path if the server fails).
+
+        A file this logger logged already to the same ``artifact_path``, unchanged since (same
+        size and modification time), is not sent again: the best checkpoint is logged at the
+        end of every ``fit`` and ``test`` of the logger, and is stored once.
+        """
+        key = (os.path.realpath(path), artifact_path)
+        try:
+            stat = os.stat(path)
+        except OSError:  # MLflow names the missing file (or the spool keeps its path)
+            stat = None
+        if stat is not None:
+            version = (stat.st_size, stat.st_mtime_ns)
+            if self._logged_files.get(key) == version:
+                return
+            self._logged_files[key] = version
         try:
             self.experiment.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
         except Exception as error:
@@ -745,15 +827,101 @@ def _superseded(record: Mapping[str, Any] | None, marker: Resume, run_id: str | 
     return record["kind"] == "terminate" and int(record["timestamp"]) < marker.time_ms
 
 
-class TrackingConfigCallback(SaveConfigCallback):
-    """The CLI's config callback: config file, params and tags to MLflow; run in checkpoints.
+def describe_fit(pl_module: Any, callbacks: Iterable[Any]) -> str:
+    """One line naming a fit's criterion and what changes it during training.
 
-    With a :class:`TrackingLogger` it logs ``config.yaml`` as an artifact, the flattened config
-    as params, and tags ``loss`` (the criterion class), ``dataset`` (the DataModule class) and
-    ``config`` (the config file's name). With any logger it writes the config file to the log
-    directory, as LightningCLI's own callback does. Every checkpoint records the MLflow run
-    id, experiment id and tracking URI under ``checkpoint["tracking"]``.
+    The criterion's repr (its hyper-parameters) on one line, then the ``describe()`` text of
+    every callback that has such a method returning a string (schedules, loss switches,
+    AdaFocal's updates), in the trainer's order.
+
+    Example:
+        >>> from lightning_losses import FocalLoss
+        >>> class Module:
+        ...     criterion = FocalLoss(gamma=2.0)
+        >>> class Halve:
+        ...     def describe(self) -> str:
+        ...         return "gamma halved every epoch"
+        >>> describe_fit(Module(), [Halve(), object()])
+        "criterion FocalLoss(gamma=2.0, reduction='mean'); gamma halved every epoch"
+        >>> describe_fit(Module(), [])
+        "criterion FocalLoss(gamma=2.0, reduction='mean'); fixed during training"
     """
+    criterion = getattr(pl_module, "criterion", None)
+    # A function by its name; a loss module (no __name__) by its repr, on one line.
+    shown = getattr(criterion, "__name__", None) or " ".join(repr(criterion).split())
+    described = []
+    for callback in callbacks:
+        describe = getattr(callback, "describe", None)
+        text = describe() if callable(describe) else None
+        if isinstance(text, str) and text.strip():
+            described.append(" ".join(text.split()))
+    return f"criterion {shown}; " + ("; ".join(described) or "fixed during training")
+
+
+def view_command(tracking_uri: str) -> str:
+    """How to look at a store's runs: ``mlflow ui`` for a local store, the address for a server.
+
+    Example:
+        >>> view_command("sqlite:////tmp/mlflow.db")
+        'mlflow ui --backend-store-uri sqlite:////tmp/mlflow.db'
+        >>> view_command("http://127.0.0.1:5000")
+        'open http://127.0.0.1:5000'
+    """
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri}"
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
+def describe_run(logger: Any, checkpoint_dirs: Iterable[str]) -> str:
+    """One line saying where a fit's MLflow run and checkpoints are, and how to look at them.
+
+    Args:
+        logger: an ``MLFlowLogger`` (such as :class:`TrackingLogger`) whose run has started.
+        checkpoint_dirs: the folders the fit's checkpoints were written to.
+    """
+    uri = str(logger._tracking_uri)
+    name = getattr(logger, "_experiment_name", None)
+    if not getattr(logger, "spooled", 0):  # ask the store (a run continued by id may differ)
+        try:
+            name = logger.experiment.get_experiment(logger.experiment_id).name
+        except Exception:
+            pass
+    folders = ", ".join(dict.fromkeys(str(d) for d in checkpoint_dirs if d)) or "none"
+    return (
+        f"MLflow run {logger.run_id} (experiment {name!r}) in {uri}; checkpoints in {folders}; "
+        f"to see it: {view_command(uri)}"
+    )
+
+
+class TrackingConfigCallback(SaveConfigCallback):
+    """The CLI's config callback: config, params and tags to MLflow; run in checkpoints; summary.
+
+    With a :class:`TrackingLogger` it writes the resolved config to the run's own folder
+    (``<save_dir>/<experiment id>/<run id>/config.yaml``; nothing is written to a file shared
+    by all runs, so fits started at once in one directory keep their own) and logs it as the
+    artifact ``config.yaml``, logs the flattened config as params (``None`` values left out;
+    the module's hyper-parameters then add only the values linked from the data, such as
+    ``model.input_dim``), and tags ``loss`` (the criterion class), ``dataset`` (the DataModule
+    class) and ``config`` (the config file's name). With other loggers only, the config file
+    goes to the log directory, as LightningCLI's own callback does. Every checkpoint records
+    the MLflow run id, experiment id and tracking URI under ``checkpoint["tracking"]``.
+
+    On rank 0 it prints one line when a fit starts (:func:`describe_fit`: the criterion and
+    the ``describe()`` of each callback that changes it) and one when it ends
+    (:func:`describe_run`: the run id, experiment, tracking URI, checkpoint folder and how to
+    see the run).
+    """
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not any(hasattr(logger, "local_run_dir") for logger in trainer.loggers):
+            super().setup(trainer, pl_module, stage)
+            return
+        kept = self.save_to_log_dir
+        self.save_to_log_dir = False  # the run folder gets it (save_config), not the shared root
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            self.save_to_log_dir = kept
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         loggers = [logger for logger in trainer.loggers if hasattr(logger, "log_file")]
@@ -761,8 +929,9 @@ class TrackingConfigCallback(SaveConfigCallback):
             return
         config = self.parser.dump(self.config, skip_none=False, format="yaml")
         as_dict = self.parser.dump(self.config, skip_none=False, format="json")
-        flat = flatten(json.loads(as_dict))
+        flat = flatten(json.loads(as_dict), drop_none=True)
         flat.pop("config", None)
+        model_prefix = "model.init_args." if "model.class_path" in flat else "model."
         criterion = type(getattr(pl_module, "criterion", None)).__name__
         datamodule = getattr(trainer, "datamodule", None)
         config_files = [str(p) for p in (self.config.get("config") or []) if p]
@@ -776,6 +945,20 @@ class TrackingConfigCallback(SaveConfigCallback):
             logger.log_file(path)
             logger.log_params(flat)
             logger.set_tags(tags)
+            if hasattr(logger, "model_param_prefix"):
+                logger.model_param_prefix = model_prefix
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            print(f"lightning-losses fit: {describe_fit(pl_module, trainer.callbacks)}", flush=True)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        folders = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger._run_id is not None:
+                print(f"lightning-losses fit: {describe_run(logger, folders)}", flush=True)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
         for logger in trainer.loggers:
@@ -1073,38 +1256,55 @@ def _summary(done: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(done.items())) or "nothing"
 
 
-def sync_main(argv: list[str] | None = None) -> int:
+def sync_main(argv: Sequence[str] | None = None) -> int:
     """``lightning-losses sync-tracking PATH [PATH ...] [--tracking-uri URI]``.
+
+    The options are parsed by :func:`lightning_losses.commands.sync_tracking_parser` (light:
+    the console script answers ``--help`` from it without importing this module); the spools
+    are replayed by :func:`sync_paths`.
 
     Returns:
         0 when every spool was replayed whole; 1 when a path holds no spool or a spool had
         lines that were not replayed (each named on stderr by its line number).
     """
-    parser = argparse.ArgumentParser(
-        prog="lightning-losses sync-tracking",
-        description="Replay tracking calls kept while the MLflow server was unreachable.",
-    )
-    parser.add_argument("paths", nargs="+", help="spool files (tracking-spool.jsonl) or folders")
-    parser.add_argument("--tracking-uri", default=None, help="override the recorded URI")
-    args = parser.parse_args(argv)
+    from .commands import sync_tracking_parser
+
+    args = sync_tracking_parser().parse_args(None if argv is None else list(argv))
+    return sync_paths(args.paths, args.tracking_uri)
+
+
+def sync_paths(paths: Sequence[str | Path], tracking_uri: str | None = None) -> int:
+    """Replay every spool in ``paths`` (spool files or folders holding them); print a summary.
+
+    Args:
+        paths: spool files (``tracking-spool.jsonl``) or folders searched for them.
+        tracking_uri: the store to replay into; ``None``: the URI each spool recorded.
+
+    Returns:
+        0 when every spool was replayed whole; 1 when a path holds no spool or a spool had
+        lines that were not replayed (each named on stderr by its line number).
+    """
+    from .commands import PROG
+
+    prog = f"{PROG} sync-tracking"
     status = 0
-    for given in args.paths:
+    for given in paths:
         try:
             spools = _spools(Path(given))
         except OSError as error:
-            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            print(f"{prog}: error: {error}", file=sys.stderr)
             status = 1
             continue
         for spool in spools:
             try:
-                done = sync_tracking(spool, args.tracking_uri)
+                done = sync_tracking(spool, tracking_uri)
             except SpoolReplayError as error:
                 print(f"{spool}: replayed {_summary(error.done)}")
-                print(f"{parser.prog}: error: {spool}: {error}", file=sys.stderr)
+                print(f"{prog}: error: {spool}: {error}", file=sys.stderr)
                 status = 1
                 continue
             except (OSError, RuntimeError, ValueError) as error:
-                print(f"{parser.prog}: error: {spool}: {error}", file=sys.stderr)
+                print(f"{prog}: error: {spool}: {error}", file=sys.stderr)
                 status = 1
                 continue
             print(f"{spool}: replayed {_summary(done)}")

@@ -291,3 +291,23 @@ def test_diagram_names_carry_the_epoch_of_the_weights(tmp_path):
     trainer(tmp_path, [CalibrationMonitor()], **options).test(Plain(), val)
     found = (tmp_path / "untrained" / "version_0" / "calibration").glob("*.png")
     assert [p.name for p in found] == ["test_untrained.png"]
+
+
+# ----------------------------------------------------------------------------------------------
+# One metric per quantity: callbacks log what the module does not log itself
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_plain_module_gets_the_callbacks_metrics(tmp_path):
+    """Nothing of ours in the module: the schedule and the monitor log their own names."""
+    t = trainer(tmp_path, [GammaAnnealing(0.0, 1.0), CalibrationMonitor()], epochs=1)
+    t.fit(Plain(GammaCrossEntropyLoss(gamma=0.0)), *data())
+    metrics = t.callback_metrics
+    assert float(metrics["schedule/gamma"]) == (STEPS_PER_EPOCH - 1) / STEPS_PER_EPOCH
+    assert "criterion/gamma" not in metrics
+    _, val = data()
+    x, y = val.dataset.tensors
+    model = t.lightning_module
+    with torch.no_grad():
+        accuracy = (model.net(x).argmax(1) == y).double().mean()
+    assert float(metrics["val/accuracy"]) == pytest.approx(float(accuracy), abs=1e-7)

@@ -1,4 +1,4 @@
-"""Packaging: a light top-level import, the callbacks package mapping, the console script."""
+"""Packaging: a light top-level import, a complete wheel built without warnings, the script."""
 
 from __future__ import annotations
 
@@ -16,9 +16,31 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
-def test_callbacks_folder_is_the_callbacks_subpackage():
-    import lightning_losses.callbacks as callbacks
+def test_the_wheel_holds_every_subpackage_and_builds_without_warnings(tmp_path):
+    """A wheel (what a user installs) holds every subpackage, and building it warns nothing."""
+    import zipfile
+    from pathlib import Path
 
-    assert callbacks.__name__ == "lightning_losses.callbacks"
-    assert callbacks.__file__.replace("\\", "/").endswith("callbacks/__init__.py")
-    assert hasattr(callbacks, "GammaAnnealing")
+    import lightning_losses
+
+    root = Path(lightning_losses.__file__).resolve().parents[1]
+    # Built as pip builds it on install: in an isolated environment with the build requirements.
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path)]
+    built = subprocess.run(
+        [*pip_wheel, str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    assert "warning" not in (built.stdout + built.stderr).lower()
+    (wheel,) = tmp_path.glob("lightning_losses-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {str(p.parent.relative_to(root)) for p in root.glob("lightning_losses/**/*.py")}
+    packages = {p for p in packages if "__pycache__" not in p}
+    assert {"lightning_losses/callbacks", "lightning_losses/compare"} <= packages
+    for package in packages:
+        assert f"{package}/__init__.py" in names, package
+    assert "lightning_losses/default_config.yaml" in names
+    assert not {n for n in names if not n.startswith("lightning_losses")} - {
+        n for n in names if ".dist-info/" in n
+    }  # nothing else (tests, scripts, docs) at the top level

@@ -141,7 +141,8 @@ def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(server, tmp_path
     steps_per_epoch = cli.trainer.num_training_batches
     ece = c.get_metric_history(run.info.run_id, "val/ece")
     assert [m.step for m in ece] == [steps_per_epoch - 1, 2 * steps_per_epoch - 1]
-    gamma = c.get_metric_history(run.info.run_id, "schedule/gamma")
+    assert c.get_metric_history(run.info.run_id, "schedule/gamma") == []  # one metric: ...
+    gamma = c.get_metric_history(run.info.run_id, "criterion/gamma")  # ... the module's
     assert len(gamma) >= 2 and gamma[-1].value > gamma[0].value  # the annealed values
     assert [m.step for m in gamma] == sorted(m.step for m in gamma)
     artifacts = artifact_paths(server.uri, run.info.run_id)

@@ -178,7 +178,15 @@ class LossSwitch(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         index = self._apply(trainer, pl_module)
-        pl_module.log("switch/index", float(index), on_step=False, on_epoch=True, batch_size=1)
+        pl_module.log(
+            "switch/index",
+            float(index),
+            on_step=False,
+            on_epoch=True,
+            batch_size=1,
+            sync_dist=True,  # the same index on every process: max is exact, and no warning
+            reduce_fx="max",
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -17,6 +17,9 @@ from torch import Tensor
 from typing_extensions import override
 
 STAGES = ("val", "test")
+#: Names under which a module may log a quantity the monitor computes (the monitor then leaves
+#: it to the module): ClassifierModule logs its accuracy as ``<stage>/acc``.
+ALIASES = {"accuracy": ("accuracy", "acc")}
 
 
 def calibration_inputs(outputs: Any, pl_module: pl.LightningModule) -> tuple[Tensor, Tensor]:
@@ -117,7 +120,8 @@ class CalibrationMonitor(Callback):
     Names the module logs itself are the module's: the monitor never logs a key that something
     else logs for the stage. :class:`~lightning_losses.models.ClassifierModule` logs its own
     ``val/nll`` (what the example configs' ``ModelCheckpoint`` monitors), so with it the
-    monitor leaves ``val/nll`` alone and logs the six others. It recognises those keys as the
+    monitor leaves ``val/nll`` alone, and ``val/accuracy`` too since the module logs it as
+    ``val/acc``; it logs the five others. It recognises those keys as the
     keys of ``trainer.callback_metrics`` it did not log itself: the ones logged in
     ``validation_step`` / ``test_step`` as its epoch ends, and the ones logged in the module's
     own epoch-end hooks (which run after the callbacks') at the end of each evaluation, the
@@ -267,10 +271,15 @@ class CalibrationMonitor(Callback):
         values, bins = summary.compute_with_bins()  # one sync under DDP
         values.update({name: m.compute() for name, m in metrics.items() if name != "summary"})
         taken = self._keys_of_others(trainer)
-        logged = {f"{stage}/{name}": value.float() for name, value in values.items()}
-        logged = {key: value for key, value in logged.items() if key not in taken}
+        logged = {
+            f"{stage}/{name}": value.float()
+            for name, value in values.items()
+            if not {f"{stage}/{alias}" for alias in ALIASES.get(name, (name,))} & taken
+        }
         self._own_keys.update(logged)
-        pl_module.log_dict(logged, sync_dist=False)
+        # Values of synchronized metrics, the same on every process: max is exact, and
+        # Lightning does not warn about an unsynchronized epoch metric.
+        pl_module.log_dict(logged, sync_dist=True, reduce_fx="max")
         epoch = trainer.current_epoch
         every = self.diagram_every_n_epochs
         due = stage == "test" or (every > 0 and (epoch + 1) % every == 0)

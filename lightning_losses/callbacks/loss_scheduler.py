@@ -106,7 +106,10 @@ class LossScheduler(Callback):
 
         criterion.<attribute> = schedule(trainer.current_epoch, trainer.max_epochs)
 
-    The value is logged as ``schedule/<attribute>``, per step or per epoch. It is recomputed
+    The value is logged as ``schedule/<attribute>``, per step or per epoch, unless the module
+    logs ``criterion/<attribute>`` itself (as
+    :meth:`~lightning_losses.mixins.LossMixin.compute_loss` does in training): one metric per
+    quantity. It is recomputed
     from the trainer's progress each time, like Lightning's ``GradientAccumulationScheduler``,
     so a run resumed from a checkpoint continues the schedule exactly; no value is taken from
     the checkpoint.
@@ -188,6 +191,7 @@ class LossScheduler(Callback):
         self.total: float | None = None
         self._saved_total: float | None = None
         self._checked = False
+        self._value: float | None = None  # set for the current batch, logged at its end
 
     @property
     @override
@@ -482,8 +486,25 @@ class LossScheduler(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        value = self._set(trainer, pl_module)
-        if value is None:  # out of scope
+        self._value = self._set(trainer, pl_module)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Log the value set for this batch, unless the module logs it itself.
+
+        A module that logs ``criterion/<attribute>`` in its training step (as
+        :meth:`~lightning_losses.mixins.LossMixin.compute_loss` does) already records the
+        value: one metric per quantity.
+        """
+        value, self._value = self._value, None
+        if value is None or f"criterion/{self.attribute}" in trainer.callback_metrics:
             return
         per_step = self.interval == "step"
         pl_module.log(
@@ -492,6 +513,10 @@ class LossScheduler(Callback):
             on_step=per_step,
             on_epoch=not per_step,
             batch_size=1,
+            # The same value on every process: an epoch value reduced with max is exact (and
+            # Lightning does not warn about an unsynchronized epoch metric).
+            sync_dist=not per_step,
+            reduce_fx="max",
         )
 
     @override
