@@ -6,6 +6,9 @@ of a torch op can be slow), so the suite is reproducible and stays inside its ti
 
 from __future__ import annotations
 
+import atexit
+import gc
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -18,6 +21,26 @@ settings.register_profile(
     derandomize=True,
 )
 settings.load_profile("losses")
+
+
+def drop_hypothesis_gc_callback() -> None:
+    """Remove the garbage-collector callback Hypothesis installs to time collections.
+
+    Hypothesis' engine inserts ``gc_callback`` (``hypothesis.internal.conjecture.junkdrawer``) in
+    ``gc.callbacks`` on its first test and never removes it. At interpreter exit the module's
+    globals are torn down while collections still run, and the callback then fails on each of
+    them (``TypeError: 'NoneType' object is not callable``), which Python prints as an
+    "Exception ignored in" traceback after a passing run. ``atexit`` handlers run before that
+    teardown, while the callback is no longer needed.
+    """
+    gc.callbacks[:] = [
+        callback
+        for callback in gc.callbacks
+        if getattr(callback, "__module__", None) != "hypothesis.internal.conjecture.junkdrawer"
+    ]
+
+
+atexit.register(drop_hypothesis_gc_callback)
 
 # The tests use tiny tensors and run as two xdist workers on two cores (`make test`). With the
 # default of one intra-op thread per core, each worker's OpenMP threads spin against the other

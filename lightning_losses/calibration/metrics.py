@@ -279,9 +279,11 @@ class ClasswiseCalibrationError(_CalibrationMetric):
     States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``, each
     ``[num_classes, n_bins]``.
 
+    ``n_bins``, ``norm``, ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
+    :class:`CalibrationError`.
+
     Args:
         num_classes: ``C`` (multiclass), ``K`` (multi-label) or 2 (binary); required.
-        n_bins, norm, input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
 
     Example:
         >>> metric = ClasswiseCalibrationError(num_classes=2, n_bins=2)
@@ -396,9 +398,11 @@ class BrierScore(_MeanMetric):
     Multi-label: the binary score over all labels. States: ``score_sum``, ``count`` (float64,
     summed across processes). Source: Brier, Monthly Weather Review 1950.
 
+    ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
+    :class:`CalibrationError`.
+
     Args:
         num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
-        input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
 
     Example:
         >>> metric = BrierScore()
@@ -483,10 +487,12 @@ class CalibrationSummary(_EqualWidthMetric):
     binary and multi-label inputs) is ``count.sum()``, one binned pair per term. A DDP sync
     moves ``3 n_bins + 4`` numbers.
 
+    ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
+    :class:`CalibrationError`.
+
     Args:
         num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
         n_bins: number of equal-width bins.
-        input_format, task, validate_args, kwargs: as :class:`CalibrationError`.
 
     Example:
         >>> metric = CalibrationSummary(n_bins=3)

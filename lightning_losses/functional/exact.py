@@ -97,7 +97,9 @@ class _ExactLogProb(torch.autograd.Function):
             ],
             dim=1,
         )
-        log_p = torch.logsumexp(terms, dim=1)
+        # A probability: quadrature can round it a few ulps above 1 (log P = 2e-16), which would
+        # make 1 - P (and -log P) negative.
+        log_p = torch.logsumexp(terms, dim=1).clamp(max=0.0)
         ctx.save_for_backward(margin, sigma, is_target, terms, mu, width)
         ctx.n_nodes = n_nodes
         return log_p
