@@ -311,3 +311,22 @@ def test_a_plain_module_gets_the_callbacks_metrics(tmp_path):
     with torch.no_grad():
         accuracy = (model.net(x).argmax(1) == y).double().mean()
     assert float(metrics["val/accuracy"]) == pytest.approx(float(accuracy), abs=1e-7)
+
+
+def test_the_default_config_with_another_loss_says_what_the_schedule_replaces(isolated_tracking):
+    """``lightning-losses fit --model.criterion=focal``: the default GammaAnnealing replaces 2.0."""
+    from lightning_losses.cli import run_fit
+
+    quick = [
+        "--model.criterion=focal",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = run_fit(quick)
+    (message,) = replace_warnings(caught)
+    assert "FocalLoss was given gamma=2.0, the schedule sets 0.0 at step 0" in message
+    assert type(cli.model.criterion).__name__ == "FocalLoss"
