@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
-        ``descending``, ``out``, ``diagrams`` and ``runs``.
+        ``descending``, ``out``, ``diagrams``, ``runs`` and ``ece``.
 
     Example:
         >>> args = build_parser().parse_args(["--sort-by", "acc", "--runs", "a1", "b2"])
@@ -41,13 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or {_DEFAULT_TRACKING_URI})",
     )
-    parser.add_argument("--sort-by", default="val/ece", help="column to sort by (val/ece)")
+    parser.add_argument(
+        "--sort-by",
+        default=None,
+        help="column to sort by (default: the --ece column, val/ece or val/smooth_ece)",
+    )
     parser.add_argument("--descending", action="store_true", help="sort largest first")
     parser.add_argument("--out", default="comparison", help="output folder (comparison)")
     parser.add_argument(
         "--diagrams", type=int, default=4, help="reliability diagrams in the figure (4)"
     )
     parser.add_argument("--runs", nargs="+", metavar="ID", help="only these run ids")
+    parser.add_argument(
+        "--ece",
+        choices=("binned", "smooth"),
+        default="binned",
+        help="the calibration error of the figure: binned (val/ece, default) or smooth "
+        "(val/smooth_ece, logged by CalibrationMonitor(smooth=True))",
+    )
     return parser
 
 
@@ -74,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         if not rows:
             print(f"no finished or running runs in experiment {args.experiment!r}", file=sys.stderr)
             return 1
-        rows = sort_rows(rows, args.sort_by, args.descending)
-        table = format_table(rows, args.sort_by, args.descending)
+        sort_by = args.sort_by or ("val/smooth_ece" if args.ece == "smooth" else "val/ece")
+        rows = sort_rows(rows, sort_by, args.descending)
+        table = format_table(rows, sort_by, args.descending)
         out = Path(args.out)
         csv_path = write_csv(rows, out / "comparison.csv")
         png_path = comparison_figure(
-            rows, out / "comparison.png", tracking_uri=uri, diagrams=args.diagrams
+            rows, out / "comparison.png", tracking_uri=uri, diagrams=args.diagrams, ece=args.ece
         )
     except (ValueError, OSError, MlflowException) as error:
         print(f"lightning-losses compare: error: {error}", file=sys.stderr)

@@ -44,6 +44,17 @@ __all__ = [
 #: Reliability diagrams logged by CalibrationMonitor: ``calibration/val_epoch=NNN.png``.
 DIAGRAM_DIR = "calibration"
 DIAGRAM_PATTERN = re.compile(r"val_epoch=(\d+)\.png$")
+#: Per calibration error the figure can plot (``ece=``): the metric key, its axis label and
+#: the pattern of the matching diagrams (``smooth=True`` monitors log
+#: ``calibration/val_smooth_epoch=NNN.png``).
+ECE_CHOICES: dict[str, tuple[str, str, re.Pattern[str]]] = {
+    "binned": ("val/ece", "validation ECE", DIAGRAM_PATTERN),
+    "smooth": (
+        "val/smooth_ece",
+        "validation smooth ECE",
+        re.compile(r"val_smooth_epoch=(\d+)\.png$"),
+    ),
+}
 
 #: Comparison figure geometry in inches (scatter panel, one diagram tile, height) and DPI.
 SCATTER_WIDTH = 6.0
@@ -205,7 +216,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> list[Text]:
+def _ece_choice(ece: str) -> tuple[str, str, re.Pattern[str]]:
+    """The metric key, axis label and diagram pattern of ``ece`` (``"binned"``/``"smooth"``)."""
+    if ece not in ECE_CHOICES:
+        raise ValueError(f"ece must be one of {', '.join(map(repr, ECE_CHOICES))}; got {ece!r}")
+    return ECE_CHOICES[ece]
+
+
+def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned") -> list[Text]:
     """Accuracy (x) against ECE (y), one point per run that has both, labelled with its run.
 
     Draw the figure's other panels first: this lays the figure out, places the labels in that
@@ -217,24 +235,27 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> list[Text]:
     Args:
         ax: the panel, in a figure with an Agg-based canvas (it measures the labels with the
             canvas's renderer), such as :func:`comparison_figure`'s.
-        rows: comparison rows; rows without a finite ``val/acc`` and ``val/ece`` are left out
+        rows: comparison rows; rows without a finite ``val/acc`` and ECE are left out
             (labels are made for all ``rows`` at once: :func:`point_labels`).
+        ece: ``"binned"`` (``val/ece``) or ``"smooth"`` (``val/smooth_ece``, the smooth ECE
+            of Blasiok and Nakkiran).
 
     Returns:
         The label texts (in the panel, or the legend's), in the order of the plotted rows.
     """
-    has_both = [_finite(row.get("val/acc")) and _finite(row.get("val/ece")) for row in rows]
+    key, axis_label, _ = _ece_choice(ece)
+    has_both = [_finite(row.get("val/acc")) and _finite(row.get(key)) for row in rows]
     plotted = [row for row, keep in zip(rows, has_both, strict=True) if keep]
     labels = [label for label, keep in zip(point_labels(rows), has_both, strict=True) if keep]
-    points = [(float(r["val/acc"]), float(r["val/ece"])) for r in plotted]
+    points = [(float(r["val/acc"]), float(r[key])) for r in plotted]
     handles = [
         ax.scatter(x, y, color=f"C{i % 10}", marker=MARKERS[i // 10 % len(MARKERS)], s=36, zorder=3)
         for i, (x, y) in enumerate(points)
     ]
     if not points:
-        ax.text(0.5, 0.5, "no run has val/acc and val/ece", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, f"no run has val/acc and {key}", ha="center", transform=ax.transAxes)
     ax.set_xlabel("validation accuracy")
-    ax.set_ylabel("validation ECE")
+    ax.set_ylabel(axis_label)
     ax.set_title("accuracy vs calibration (lower ECE is better)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.margins(0.15)
@@ -263,11 +284,13 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> list[Text]:
 # --------------------------------------------------------------------------------------------
 
 
-def _latest_diagram(client: MlflowClient, run_id: str) -> str | None:
+def _latest_diagram(
+    client: MlflowClient, run_id: str, pattern: re.Pattern[str] = DIAGRAM_PATTERN
+) -> str | None:
     """The artifact path of the run's reliability diagram with the highest epoch, if any."""
     best: tuple[int, str] | None = None
     for info in client.list_artifacts(run_id, DIAGRAM_DIR):
-        match = DIAGRAM_PATTERN.search(info.path)
+        match = pattern.search(info.path)
         if not info.is_dir and match and (best is None or int(match.group(1)) > best[0]):
             best = (int(match.group(1)), info.path)
     return None if best is None else best[1]
@@ -286,7 +309,11 @@ def _environ(name: str, value: str) -> Iterator[None]:
 
 
 def _fetch_diagrams(
-    rows: Sequence[Mapping[str, Any]], tracking_uri: str, limit: int, folder: str
+    rows: Sequence[Mapping[str, Any]],
+    tracking_uri: str,
+    limit: int,
+    folder: str,
+    pattern: re.Pattern[str] = DIAGRAM_PATTERN,
 ) -> list[tuple[Mapping[str, Any], Path]]:
     """Download the latest diagram of the first ``limit`` rows that have one into ``folder``.
 
@@ -302,7 +329,7 @@ def _fetch_diagrams(
     for i, row in enumerate(rows):
         run_id = row.get("run_id")
         try:
-            artifact = _latest_diagram(client, run_id) if run_id else None
+            artifact = _latest_diagram(client, run_id, pattern) if run_id else None
             if artifact is None:
                 continue
             local = mlflow.artifacts.download_artifacts(
@@ -336,6 +363,7 @@ def comparison_figure(
     *,
     tracking_uri: str | None = None,
     diagrams: int = 4,
+    ece: str = "binned",
 ) -> Path:
     """Save one PNG comparing the runs: accuracy against ECE, and their reliability diagrams.
 
@@ -352,6 +380,9 @@ def comparison_figure(
         tracking_uri: where the runs' artifacts are (``None``: as in
             :func:`~lightning_losses.compare.query.collect_runs`).
         diagrams: at most this many diagrams (``0``: the scatter panel only).
+        ece: ``"binned"`` plots ``val/ece`` beside the binned diagrams; ``"smooth"`` plots
+            ``val/smooth_ece`` beside the smoothed diagrams (``val_smooth_epoch=NNN.png``) of
+            runs monitored with ``CalibrationMonitor(smooth=True)``.
 
     Returns:
         The path written.
@@ -359,6 +390,7 @@ def comparison_figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    _, _, pattern = _ece_choice(ece)
     rows = list(rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -366,7 +398,7 @@ def comparison_figure(
         tempfile.TemporaryDirectory(prefix="lightning-losses-compare-") as folder,
         _environ(PROGRESS_BAR_VARIABLE, "false"),
     ):
-        tiles = _fetch_diagrams(rows, resolve_tracking_uri(tracking_uri), diagrams, folder)
+        tiles = _fetch_diagrams(rows, resolve_tracking_uri(tracking_uri), diagrams, folder, pattern)
         width = SCATTER_WIDTH + DIAGRAM_WIDTH * len(tiles)
         fig = Figure(figsize=(width, FIGURE_HEIGHT), dpi=DPI, layout="constrained")
         FigureCanvasAgg(fig)
@@ -377,6 +409,6 @@ def comparison_figure(
         labels = {id(row): label for row, label in zip(rows, point_labels(rows), strict=True)}
         for i, (row, image) in enumerate(tiles):
             _draw_diagram(fig.add_subplot(grid[0, i + 1]), row, labels[id(row)], image)
-        draw_scatter(scatter, rows)  # last: it fixes the layout
+        draw_scatter(scatter, rows, ece)  # last: it fixes the layout
         fig.savefig(path, dpi=DPI)
     return path

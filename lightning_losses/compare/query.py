@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_TRACKING_URI",
     "LISTED_STATUSES",
     "METRICS",
+    "OPTIONAL_METRICS",
     "collect_runs",
     "mlflow_client",
     "resolve_tracking_uri",
@@ -41,7 +42,8 @@ __all__ = [
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: The metrics of a row, each with the MLflow metric keys it is read from (first one present).
 #: One name per quantity, the module's first (``ClassifierModule`` logs ``val/acc`` and
-#: ``val/nll``, ``CalibrationMonitor`` ``val/ece`` and ``val/brier``); ``val/accuracy``, the
+#: ``val/nll``, ``CalibrationMonitor`` ``val/ece``, ``val/brier`` and, with ``smooth=True``,
+#: ``val/smooth_ece``); ``val/accuracy``, the
 #: same quantity under the monitor's name as older stores hold it, is read only where
 #: ``val/acc`` is missing.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -49,7 +51,11 @@ METRICS: dict[str, tuple[str, ...]] = {
     "val/nll": ("val/nll",),
     "val/ece": ("val/ece",),
     "val/brier": ("val/brier",),
+    "val/smooth_ece": ("val/smooth_ece",),
 }
+#: Metrics logged only on request (``CalibrationMonitor(smooth=True)``): the text table shows
+#: their column only when some run has a value.
+OPTIONAL_METRICS: tuple[str, ...] = ("val/smooth_ece",)
 #: The keys of a row, in CSV column order.
 COLUMNS: tuple[str, ...] = (
     "run_id",

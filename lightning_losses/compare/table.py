@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .query import COLUMNS, METRICS
+from .query import COLUMNS, METRICS, OPTIONAL_METRICS
 
 __all__ = ["MAX_CELL", "NUMERIC_COLUMNS", "TABLE_COLUMNS", "format_table", "sort_rows", "write_csv"]
 
@@ -90,7 +90,9 @@ def format_table(
         descending: largest first.
 
     Returns:
-        A header line, a rule and one line per run; missing values are shown as ``-``.
+        A header line, a rule and one line per run; missing values are shown as ``-``. The
+        columns of :data:`~lightning_losses.compare.query.OPTIONAL_METRICS` (the smooth ECE)
+        appear only when some row has a value.
 
     Example:
         >>> print(format_table([
@@ -103,14 +105,19 @@ def format_table(
         a    Focal  -        -              -        -   0.0500          -       3       -
     """
     rows = sort_rows(rows, sort_by, descending)
-    header = [title for _, title, _ in TABLE_COLUMNS]
-    body = [[_cell(row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS] for row in rows]
+    columns = [
+        column
+        for column in TABLE_COLUMNS
+        if column[0] not in OPTIONAL_METRICS or any(row.get(column[0]) is not None for row in rows)
+    ]
+    header = [title for _, title, _ in columns]
+    body = [[_cell(row.get(key), fmt) for key, _, fmt in columns] for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
         aligned = [
             cell.rjust(width) if key in NUMERIC_COLUMNS else cell.ljust(width)
-            for (key, _, _), cell, width in zip(TABLE_COLUMNS, cells, widths, strict=True)
+            for (key, _, _), cell, width in zip(columns, cells, widths, strict=True)
         ]
         return "  ".join(aligned).rstrip()
 
