@@ -16,6 +16,20 @@ that do not sum to 1 (within ``max(1e-3, 4 eps)`` of the dtype: 1e-3 for float32
 NaN and infinite logits and out-of-range targets raise instead. ``preds`` and ``target`` must
 be on one device.
 
+``ignore_index`` (default ``None``: every sample counts), as in torchmetrics: the entries of
+``target`` equal to it are dropped before anything is computed or checked, and do not count in
+``N``. Multiclass and binary: the sample (row) goes; multi-label: only that one (sample, label)
+decision. ``target`` must then hold hard labels: integers, or floats that are 0 or 1 where not
+ignored (soft targets raise a ``ValueError`` naming ``ignore_index``). When every entry is
+ignored the result is that of an empty input: NaN for every score here. The functions take
+``[N, C]``; flatten token-level outputs first, e.g. the ``[B, L, C]`` logits of a language
+model with ``[B, L]`` targets padded with -100::
+
+    calibration_error(logits.flatten(0, -2), target.flatten(), input_format="logits",
+                      ignore_index=-100)
+
+Without ``ignore_index`` nothing is masked or copied.
+
 Equal-width binning uses ``B`` bins ``(k/B, (k+1)/B]``, a confidence of 0 in the first: the
 bin of ``c`` is ``clamp(ceil(c·B) - 1, 0, B-1)``, with the edges ``k/B`` rounded to the
 confidences' own dtype, so that a confidence equal to ``k/B`` (as written in that dtype) lands
@@ -32,6 +46,7 @@ from torch import Tensor
 
 from ..functional._validation import (
     check_choice,
+    check_ignore_index,
     check_same_device,
     check_sums_to_one,
     first_non_finite,
@@ -213,6 +228,38 @@ def _check_values(preds: Tensor, target: Tensor, task: str, input_format: str) -
     _check_preds_values(preds, task, input_format)
 
 
+def _kept(target: Tensor, ignore_index: int) -> Tensor:
+    """Mask of the ``target`` entries that are not ``ignore_index`` (hard labels only).
+
+    A floating ``target`` must be 0 or 1 wherever it is kept: a soft target has no entries to
+    ignore, so fractional values raise (whatever ``validate_args``) rather than being mixed with
+    a padding value.
+    """
+    keep = target != ignore_index
+    if target.is_floating_point():
+        soft = keep & (target != 0) & (target != 1)
+        if bool(soft.any()):
+            raise ValueError(
+                f"ignore_index={ignore_index} needs hard labels (integers, or floats 0 and 1 "
+                f"where not ignored); target holds the soft value "
+                f"{target[soft].flatten()[0].item()}: drop those entries instead"
+            )
+    return keep
+
+
+def _drop_ignored(preds: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """``preds`` and ``target`` without the entries whose target is ``ignore_index``.
+
+    Rows for ``[N]`` targets; for multi-label ``[N, K]`` targets single (sample, label) pairs,
+    so both come back flattened to 1-D (every multi-label computation pools the labels).
+    Nothing is copied when nothing is ignored.
+    """
+    keep = _kept(target, ignore_index)
+    if bool(keep.all()):
+        return preds, target
+    return preds[keep], target[keep]
+
+
 def _prepare(
     preds: Tensor,
     target: Tensor,
@@ -221,11 +268,20 @@ def _prepare(
     validate_args: bool,
     *,
     values_checked_later: bool = False,
+    ignore_index: int | None = None,
 ) -> tuple[Tensor, Tensor, str]:
-    """Check arguments; return detached ``preds``, ``target`` and the resolved task."""
+    """Check arguments; return detached ``preds``, ``target`` and the resolved task.
+
+    With ``ignore_index`` the ignored entries are dropped first (see :func:`_drop_ignored`), so
+    the value checks see only the kept ones.
+    """
     check_choice("input_format", input_format, INPUT_FORMATS)
+    if ignore_index is not None:
+        check_ignore_index(ignore_index)
     task = resolve_task(preds, target, task)
     preds, target = preds.detach(), target.detach()
+    if ignore_index is not None:
+        preds, target = _drop_ignored(preds, target, ignore_index)
     if validate_args and not values_checked_later:
         _check_values(preds, target, task, input_format)
     return preds, target, task
@@ -307,6 +363,7 @@ def confidence_and_correct(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-sample confidence and correctness, the inputs of every binned calibration error.
 
@@ -326,20 +383,31 @@ def confidence_and_correct(
         validate_args: check target values, that probabilities lie in [0, 1] (and, for
             multiclass, that each row sums to 1 within 1e-3 for float32 and float64, 4 eps of
             half dtypes) and that logits are finite.
+        ignore_index: drop the samples (multi-label: the single labels) whose target equals it
+            before anything else; ``None`` keeps all (see the module doc).
 
     Returns:
-        ``confidence`` and ``correct``, both 1-D. ``confidence`` keeps the dtype of
-        probabilities (the bin edges follow it, see :func:`binned_statistics`) and is float64
-        when computed from logits; ``correct`` is float64.
+        ``confidence`` and ``correct``, both 1-D, one entry per kept decision.
+        ``confidence`` keeps the dtype of probabilities (the bin edges follow it, see
+        :func:`binned_statistics`) and is float64 when computed from logits; ``correct`` is
+        float64.
 
     Example:
         >>> preds = torch.tensor([[0.7, 0.2, 0.1], [0.3, 0.6, 0.1]])
         >>> conf, correct = confidence_and_correct(preds, torch.tensor([0, 0]))
         >>> conf, correct
         (tensor([0.7000, 0.6000]), tensor([1., 0.], dtype=torch.float64))
+        >>> confidence_and_correct(preds, torch.tensor([0, -100]), ignore_index=-100)[0]
+        tensor([0.7000])
     """
     preds, target, task = _prepare(
-        preds, target, task, input_format, validate_args, values_checked_later=True
+        preds,
+        target,
+        task,
+        input_format,
+        validate_args,
+        values_checked_later=True,
+        ignore_index=ignore_index,
     )
     if task == "multiclass":
         values, indices, low, row_sums = _multiclass_top_label(
@@ -587,6 +655,7 @@ def calibration_error(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Top-label calibration error with equal-width bins: ECE, MCE or RMS calibration error.
 
@@ -604,6 +673,8 @@ def calibration_error(
         task: ``None`` (inferred from shapes), ``"multiclass"``, ``"binary"``, ``"multilabel"``.
         validate_args: check target values, that probabilities lie in [0, 1] with multiclass
             rows summing to 1 (see :func:`confidence_and_correct`) and that logits are finite.
+        ignore_index: target value whose samples (multi-label: labels) are left out, as in
+            torchmetrics; ``None`` keeps all. All ignored gives NaN, as an empty input.
 
     Returns:
         A float64 scalar tensor.
@@ -616,11 +687,20 @@ def calibration_error(
         tensor(0.2000, dtype=torch.float64)
         >>> calibration_error(preds.log(), target, n_bins=3, input_format="logits")
         tensor(0.2000, dtype=torch.float64)
+        >>> padded = torch.cat([preds, torch.full((1, 3), 1 / 3)])
+        >>> calibration_error(padded, torch.tensor([0, 1, 2, 0, -100]), n_bins=3,
+        ...                   ignore_index=-100)
+        tensor(0.2000, dtype=torch.float64)
     """
     check_n_bins(n_bins)
     check_choice("norm", norm, NORMS)
     confidence, correct = confidence_and_correct(
-        preds, target, input_format=input_format, task=task, validate_args=validate_args
+        preds,
+        target,
+        input_format=input_format,
+        task=task,
+        validate_args=validate_args,
+        ignore_index=ignore_index,
     )
     return calibration_error_from_bins(*binned_statistics(confidence, correct, n_bins), norm)
 
@@ -634,6 +714,7 @@ def adaptive_calibration_error(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Adaptive (equal-mass) calibration error: the ECE over bins holding equal numbers of samples.
 
@@ -643,6 +724,8 @@ def adaptive_calibration_error(
     Learning", CVPR Workshops 2019; Mukhoti et al., "Calibrating Deep Neural Networks using
     Focal Loss", NeurIPS 2020 (AdaECE).
 
+    Arguments, ``ignore_index`` included, are those of :func:`calibration_error`.
+
     Example:
         >>> preds = torch.tensor([0.9, 0.1, 0.8, 0.2])
         >>> adaptive_calibration_error(preds, torch.tensor([1, 0, 0, 1]), n_bins=2)
@@ -651,7 +734,12 @@ def adaptive_calibration_error(
     check_n_bins(n_bins)
     check_choice("norm", norm, NORMS)
     confidence, correct = confidence_and_correct(
-        preds, target, input_format=input_format, task=task, validate_args=validate_args
+        preds,
+        target,
+        input_format=input_format,
+        task=task,
+        validate_args=validate_args,
+        ignore_index=ignore_index,
     )
     bins = equal_mass_binned_statistics(confidence, correct, n_bins)
     return calibration_error_from_bins(*bins, norm)
@@ -673,8 +761,54 @@ def _per_class(
     return probs, labels
 
 
+def _classwise_inputs(
+    preds: Tensor,
+    target: Tensor,
+    task: str | None,
+    input_format: str,
+    validate_args: bool,
+    ignore_index: int | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``[N, C]`` probabilities and indicators for the classwise metrics, and the kept entries.
+
+    Multiclass and binary: ignored rows are dropped (the mask is ``None``). Multi-label: the
+    ``[N, K]`` layout is kept, since each label is a class of its own, and the mask of kept
+    (sample, label) entries comes back (``None`` when all are kept); only kept entries are
+    checked.
+    """
+    if ignore_index is None or resolve_task(preds, target, task) != "multilabel":
+        preds, target, task = _prepare(
+            preds, target, task, input_format, validate_args, ignore_index=ignore_index
+        )
+        return (*_per_class(preds, target, task, input_format), None)
+    preds, target, task = _prepare(preds, target, task, input_format, False)
+    check_ignore_index(ignore_index)
+    keep: Tensor | None = _kept(target, ignore_index)
+    if bool(keep.all()):
+        keep = None
+    if validate_args:
+        kept = (preds, target) if keep is None else (preds[keep], target[keep])
+        _check_values(*kept, task, input_format)
+    return (*_per_class(preds, target, task, input_format), keep)
+
+
+def _classwise_sums(
+    probs: Tensor, labels: Tensor, n_bins: int, keep: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Bin sums ``[C, n_bins]`` of the ``[N, C]`` entries (those of ``keep`` if given)."""
+    num_classes = probs.shape[1]
+    offset = torch.arange(num_classes, device=probs.device) * n_bins
+    index = _bin_index(probs, n_bins) + offset
+    if keep is None:
+        index, probs, labels = index.reshape(-1), probs.reshape(-1), labels.reshape(-1)
+    else:
+        index, probs, labels = index[keep], probs[keep], labels[keep]
+    sums = _bin_sums(index, probs, labels, num_classes * n_bins)
+    return tuple(s.reshape(num_classes, n_bins) for s in sums)  # type: ignore[return-value]
+
+
 def classwise_binned_statistics(
-    probs: Tensor, labels: Tensor, n_bins: int = 15
+    probs: Tensor, labels: Tensor, n_bins: int = 15, *, ignore_index: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Equal-width bin sums per class, float64 ``[C, n_bins]``: bins of ``p_c`` against ``y_c``.
 
@@ -682,6 +816,8 @@ def classwise_binned_statistics(
         probs: ``[N, C]`` probabilities.
         labels: ``[N, C]`` indicators ``1[y = c]`` (or multi-label targets).
         n_bins: number of bins per class.
+        ignore_index: entries of ``labels`` equal to it are left out, each one (sample, class)
+            pair; ``labels`` must then be hard (0 or 1 where kept). ``None`` keeps all.
 
     Example:
         >>> count, _, _ = classwise_binned_statistics(
@@ -692,17 +828,16 @@ def classwise_binned_statistics(
                 [1., 1.]], dtype=torch.float64)
     """
     check_n_bins(n_bins)
+    if ignore_index is not None:
+        check_ignore_index(ignore_index)
     probs, labels = probs.detach(), labels.detach()
     if probs.dim() != 2 or labels.shape != probs.shape:
         raise ValueError(
             f"probs and labels must both be [N, C]; got {list(probs.shape)} and "
             f"{list(labels.shape)}"
         )
-    num_classes = probs.shape[1]
-    offset = torch.arange(num_classes, device=probs.device) * n_bins
-    index = (_bin_index(probs, n_bins) + offset).reshape(-1)
-    sums = _bin_sums(index, probs.reshape(-1), labels.reshape(-1), num_classes * n_bins)
-    return tuple(s.reshape(num_classes, n_bins) for s in sums)  # type: ignore[return-value]
+    keep = None if ignore_index is None else _kept(labels, ignore_index)
+    return _classwise_sums(probs, labels, n_bins, keep)
 
 
 def classwise_calibration_error(
@@ -714,6 +849,7 @@ def classwise_calibration_error(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Classwise ECE: the calibration error of each class's probability, averaged over classes.
 
@@ -723,6 +859,10 @@ def classwise_calibration_error(
     "Beyond temperature scaling: Obtaining well-calibrated multiclass probabilities with
     Dirichlet calibration", NeurIPS 2019.
 
+    Arguments are those of :func:`calibration_error`. With ``ignore_index`` a multi-label
+    entry equal to it leaves out that label of that sample only: each label's error is over
+    its own kept samples, ``N`` then differs from label to label.
+
     Example:
         >>> preds = torch.tensor([[0.8, 0.2], [0.4, 0.6]])
         >>> classwise_calibration_error(preds, torch.tensor([0, 0]), n_bins=2)
@@ -730,8 +870,10 @@ def classwise_calibration_error(
     """
     check_n_bins(n_bins)
     check_choice("norm", norm, NORMS)
-    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
-    bins = classwise_binned_statistics(*_per_class(preds, target, task, input_format), n_bins)
+    probs, labels, keep = _classwise_inputs(
+        preds, target, task, input_format, validate_args, ignore_index
+    )
+    bins = _classwise_sums(probs, labels, n_bins, keep)
     return calibration_error_from_bins(*bins, norm).mean()
 
 
@@ -821,6 +963,7 @@ def brier_score(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Brier score: mean squared distance between the probability vector and the one-hot target.
 
@@ -829,13 +972,17 @@ def brier_score(
     score over all ``N * K`` labels. Source: Brier, "Verification of forecasts expressed in
     terms of probability", Monthly Weather Review 1950.
 
+    ``ignore_index`` drops samples (multi-label: labels) as in :func:`calibration_error`.
+
     Example:
         >>> brier_score(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
         tensor(0.4000, dtype=torch.float64)
         >>> brier_score(torch.tensor([0.2, 0.6]), torch.tensor([0, 0]))
         tensor(0.2000, dtype=torch.float64)
     """
-    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    preds, target, task = _prepare(
+        preds, target, task, input_format, validate_args, ignore_index=ignore_index
+    )
     return _mean(_brier_terms(preds, target, task, input_format))
 
 
@@ -846,13 +993,16 @@ def negative_log_likelihood(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Mean negative log-likelihood of the targets, in float64.
 
     Multiclass: ``mean_i -log p_{i, y_i}``, from ``log_softmax`` of logits or ``log p`` of
     probabilities (``inf`` where ``p_y = 0``); binary and multi-label: binary cross-entropy
     ``-(y log p + (1-y) log(1-p))`` averaged over all labels (``xlogy``, so ``0 log 0 = 0``;
-    from logits via ``binary_cross_entropy_with_logits``).
+    from logits via ``binary_cross_entropy_with_logits``). ``ignore_index`` drops samples
+    (multi-label: labels) as in :func:`calibration_error`: the token-level NLL of a padded
+    sequence batch.
 
     Example:
         >>> preds = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
@@ -860,8 +1010,12 @@ def negative_log_likelihood(
         tensor(0.3993, dtype=torch.float64)
         >>> negative_log_likelihood(preds.log(), torch.tensor([0, 0]), input_format="logits")
         tensor(0.3993, dtype=torch.float64)
+        >>> negative_log_likelihood(preds, torch.tensor([0, -100]), ignore_index=-100)
+        tensor(0.6931, dtype=torch.float64)
     """
-    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    preds, target, task = _prepare(
+        preds, target, task, input_format, validate_args, ignore_index=ignore_index
+    )
     return _mean(_nll_terms(preds, target, task, input_format))
 
 
@@ -872,16 +1026,20 @@ def accuracy(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Top-label accuracy: ``mean_i 1[argmax_c p_ic = y_i]``.
 
     Binary and multi-label (per label, pooled): the decision is ``p > 0.5`` (logit ``> 0``).
+    ``ignore_index`` drops samples (multi-label: labels) as in :func:`calibration_error`.
 
     Example:
         >>> accuracy(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
         tensor(0.5000, dtype=torch.float64)
     """
-    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    preds, target, task = _prepare(
+        preds, target, task, input_format, validate_args, ignore_index=ignore_index
+    )
     return _mean(_accuracy_terms(preds, target, task, input_format))
 
 
@@ -892,15 +1050,19 @@ def mean_confidence(
     input_format: InputFormat = "probs",
     task: Task | None = None,
     validate_args: bool = True,
+    ignore_index: int | None = None,
 ) -> Tensor:
     """Mean top-label confidence: ``mean_i max_c p_ic`` (``max(p, 1-p)`` for binary labels).
 
     Compared with :func:`accuracy`, it says whether a model is over- (``confidence >
-    accuracy``) or under-confident on average. ``target`` is only checked, not used.
+    accuracy``) or under-confident on average. ``target`` is only checked, not used, except
+    that with ``ignore_index`` it says which samples (multi-label: labels) are left out.
 
     Example:
         >>> mean_confidence(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
         tensor(0.7000, dtype=torch.float64)
     """
-    preds, target, task = _prepare(preds, target, task, input_format, validate_args)
+    preds, target, task = _prepare(
+        preds, target, task, input_format, validate_args, ignore_index=ignore_index
+    )
     return _mean(_confidence_terms(preds, target, task, input_format))

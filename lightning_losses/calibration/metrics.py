@@ -6,8 +6,12 @@ a DDP sync moves ``3 x n_bins`` numbers, and a reliability diagram is drawn from
 The adaptive (equal-mass) error needs the confidences themselves (O(N) memory, gathered with
 ``"cat"``). Brier, NLL, accuracy and mean confidence keep a float64 sum and a count.
 
-Input forms, ``input_format`` and ``task`` are those of
-:mod:`lightning_losses.calibration.functional`.
+Input forms, ``input_format``, ``task`` and ``ignore_index`` are those of
+:mod:`lightning_losses.calibration.functional`: with ``ignore_index`` (default ``None``, keep
+everything) each ``update`` drops the samples (multi-label: the single labels) whose target
+equals it before anything else, so they count nowhere, and the result is that of the functions
+on the concatenated kept samples whatever the batching. Updates whose samples are all ignored
+add nothing; a metric that has seen no kept sample computes NaN.
 """
 
 from __future__ import annotations
@@ -49,12 +53,15 @@ class _CalibrationMetric(Metric):
         input_format: InputFormat,
         task: Task | None,
         validate_args: bool,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         CF.check_choice("input_format", input_format, CF.INPUT_FORMATS)
         if task is not None:
             CF.check_choice("task", task, CF.TASKS)
+        if ignore_index is not None:
+            CF.check_ignore_index(ignore_index)
         if num_classes is not None and (
             isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
         ):
@@ -63,6 +70,7 @@ class _CalibrationMetric(Metric):
         self.input_format = input_format
         self.task = task
         self.validate_args = validate_args
+        self.ignore_index = ignore_index
 
     def _resolve(self, preds: Tensor, target: Tensor) -> str:
         """Task of this batch; checks ``num_classes`` against ``[N, C]`` preds."""
@@ -79,6 +87,7 @@ class _CalibrationMetric(Metric):
             "input_format": self.input_format,
             "task": task,
             "validate_args": self.validate_args,
+            "ignore_index": self.ignore_index,
         }
 
     def _synced(self, read: Any) -> Any:
@@ -103,6 +112,7 @@ class _EqualWidthMetric(_CalibrationMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -110,6 +120,7 @@ class _EqualWidthMetric(_CalibrationMetric):
             input_format=input_format,
             task=task,
             validate_args=validate_args,
+            ignore_index=ignore_index,
             **kwargs,
         )
         CF.check_n_bins(n_bins)
@@ -159,6 +170,8 @@ class CalibrationError(_EqualWidthMetric):
             ``"multilabel"``.
         validate_args: check target values, that probabilities lie in [0, 1] with multiclass
             rows summing to 1 and that logits are finite (as the functions do).
+        ignore_index: target value whose samples (multi-label: labels) each update leaves
+            out, as in torchmetrics; ``None`` keeps all. Must be an int.
         kwargs: passed to ``torchmetrics.Metric``.
 
     Example:
@@ -171,6 +184,12 @@ class CalibrationError(_EqualWidthMetric):
         tensor(0.2000, dtype=torch.float64)
         >>> metric.bins()[0]
         tensor([0., 3., 1.], dtype=torch.float64)
+        >>> padded = CalibrationError(n_bins=3, ignore_index=-100)
+        >>> padded.update(torch.tensor([[0.25, 0.20, 0.55], [0.55, 0.05, 0.40],
+        ...                             [0.10, 0.30, 0.60], [0.90, 0.05, 0.05],
+        ...                             [0.50, 0.25, 0.25]]), torch.tensor([0, 1, 2, 0, -100]))
+        >>> padded.compute()
+        tensor(0.2000, dtype=torch.float64)
     """
 
     def __init__(
@@ -181,9 +200,12 @@ class CalibrationError(_EqualWidthMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_classes, n_bins, input_format, task, validate_args, **kwargs)
+        super().__init__(
+            num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
+        )
         CF.check_choice("norm", norm, CF.NORMS)
         self.norm = norm
 
@@ -230,6 +252,7 @@ class AdaptiveCalibrationError(_CalibrationMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -237,6 +260,7 @@ class AdaptiveCalibrationError(_CalibrationMetric):
             input_format=input_format,
             task=task,
             validate_args=validate_args,
+            ignore_index=ignore_index,
             **kwargs,
         )
         CF.check_n_bins(n_bins)
@@ -279,8 +303,9 @@ class ClasswiseCalibrationError(_CalibrationMetric):
     States (float64, ``dist_reduce_fx="sum"``): ``count``, ``conf_sum``, ``correct_sum``, each
     ``[num_classes, n_bins]``.
 
-    ``n_bins``, ``norm``, ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
-    :class:`CalibrationError`.
+    ``n_bins``, ``norm``, ``input_format``, ``task``, ``validate_args``, ``ignore_index`` and
+    ``kwargs`` are as in :class:`CalibrationError`; a multi-label entry equal to
+    ``ignore_index`` leaves out that label of that sample only.
 
     Args:
         num_classes: ``C`` (multiclass), ``K`` (multi-label) or 2 (binary); required.
@@ -300,6 +325,7 @@ class ClasswiseCalibrationError(_CalibrationMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         if num_classes is None:
@@ -309,6 +335,7 @@ class ClasswiseCalibrationError(_CalibrationMetric):
             input_format=input_format,
             task=task,
             validate_args=validate_args,
+            ignore_index=ignore_index,
             **kwargs,
         )
         CF.check_n_bins(n_bins)
@@ -327,11 +354,10 @@ class ClasswiseCalibrationError(_CalibrationMetric):
                 f"binary preds [N] make two classes (1 - p and p): num_classes must be 2; "
                 f"got {self.num_classes}"
             )
-        preds, target, task = CF._prepare(
-            preds, target, task, self.input_format, self.validate_args
+        probs, labels, keep = CF._classwise_inputs(
+            preds, target, task, self.input_format, self.validate_args, self.ignore_index
         )
-        probs, labels = CF._per_class(preds, target, task, self.input_format)
-        count, conf_sum, correct_sum = CF.classwise_binned_statistics(probs, labels, self.n_bins)
+        count, conf_sum, correct_sum = CF._classwise_sums(probs, labels, self.n_bins, keep)
         self.count += count
         self.conf_sum += conf_sum
         self.correct_sum += correct_sum
@@ -364,6 +390,7 @@ class _MeanMetric(_CalibrationMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -371,6 +398,7 @@ class _MeanMetric(_CalibrationMetric):
             input_format=input_format,
             task=task,
             validate_args=validate_args,
+            ignore_index=ignore_index,
             **kwargs,
         )
         zero = torch.zeros((), dtype=torch.float64)
@@ -381,7 +409,12 @@ class _MeanMetric(_CalibrationMetric):
         """Add a batch's terms to the sum and their number to the count."""
         task = self._resolve(preds, target)
         preds, target, task = CF._prepare(
-            preds, target, task, self.input_format, self.validate_args
+            preds,
+            target,
+            task,
+            self.input_format,
+            self.validate_args,
+            ignore_index=self.ignore_index,
         )
         terms = type(self).terms(preds, target, task, self.input_format)
         self.score_sum += terms.sum()
@@ -398,7 +431,7 @@ class BrierScore(_MeanMetric):
     Multi-label: the binary score over all labels. States: ``score_sum``, ``count`` (float64,
     summed across processes). Source: Brier, Monthly Weather Review 1950.
 
-    ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
+    ``input_format``, ``task``, ``validate_args``, ``ignore_index`` and ``kwargs`` are as in
     :class:`CalibrationError`.
 
     Args:
@@ -487,7 +520,7 @@ class CalibrationSummary(_EqualWidthMetric):
     binary and multi-label inputs) is ``count.sum()``, one binned pair per term. A DDP sync
     moves ``3 n_bins + 4`` numbers.
 
-    ``input_format``, ``task``, ``validate_args`` and ``kwargs`` are as in
+    ``input_format``, ``task``, ``validate_args``, ``ignore_index`` and ``kwargs`` are as in
     :class:`CalibrationError`.
 
     Args:
@@ -516,9 +549,12 @@ class CalibrationSummary(_EqualWidthMetric):
         input_format: InputFormat = "probs",
         task: Task | None = None,
         validate_args: bool = True,
+        ignore_index: int | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_classes, n_bins, input_format, task, validate_args, **kwargs)
+        super().__init__(
+            num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
+        )
         zero = torch.zeros((), dtype=torch.float64)
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
@@ -527,10 +563,17 @@ class CalibrationSummary(_EqualWidthMetric):
         """Add a batch: its bin sums, Brier and NLL terms, top-label hits and confidences."""
         task = self._resolve(preds, target)
         preds, target, task = CF._prepare(
-            preds, target, task, self.input_format, self.validate_args
+            preds,
+            target,
+            task,
+            self.input_format,
+            self.validate_args,
+            ignore_index=self.ignore_index,
         )
+        # A multi-label batch with ignored labels comes back as its kept 1-D decisions.
+        pooled = "binary" if task == "multilabel" and preds.dim() == 1 else task
         confidence, correct = CF.confidence_and_correct(
-            preds, target, input_format=self.input_format, task=task, validate_args=False
+            preds, target, input_format=self.input_format, task=pooled, validate_args=False
         )
         self._add_bins(confidence, correct)
         brier, nll = CF._proper_terms(preds, target, task, self.input_format)

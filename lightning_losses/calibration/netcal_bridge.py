@@ -4,10 +4,10 @@ netcal (Küppers et al., https://github.com/EFS-OpenSource/calibration-framework
 probabilities: an ``[N, C]`` array of class probabilities (multiclass, softmax) or an ``[N]``
 array of positive-class probabilities (binary), with integer labels. :func:`to_netcal` turns
 tensors (probabilities or logits, as the caller says; no guessing from the value range) into
-that form; :func:`netcal_metrics` returns netcal's equal-width ECE and MCE and its equal-mass
-ACE; :func:`netcal_reliability_diagram` draws netcal's own diagram for those who prefer its
-style. netcal is imported inside these functions only, so ``import lightning_losses`` stays
-free of it.
+that form; :func:`netcal_metrics` returns netcal's ECE, MCE and ACE (all three over
+equal-width bins, netcal's default); :func:`netcal_reliability_diagram` draws netcal's own
+diagram for those who prefer its style. netcal is imported inside these functions only, so
+``import lightning_losses`` stays free of it.
 
 For multiclass inputs (``C > 2``) netcal is handed the top-label pair (maximum probability,
 whether the argmax is right). That is what netcal computes from ``[N, C]`` itself, but netcal
@@ -121,11 +121,17 @@ def netcal_metrics(
 ) -> dict[str, float]:
     """netcal's expected, maximum and adaptive calibration errors.
 
-    ``ece`` and ``mce`` use ``n_bins`` equal-width bins,
-    ``ECE = sum_b (n_b / N) |acc(b) - conf(b)|`` and ``MCE = max_b |acc(b) - conf(b)|``;
-    ``ace`` uses ``n_bins`` equal-mass bins with the unweighted mean of ``|acc(b) - conf(b)|``
-    (netcal's ``ECE``, ``MCE`` and ``ACE`` classes). Multiclass inputs are measured on the top
-    label; a binary ``[N]`` input is measured on the positive class, as netcal does.
+    All three use ``n_bins`` equal-width bins ``[k/B, (k+1)/B)`` (netcal's ``ECE``, ``MCE`` and
+    ``ACE`` classes with their default ``equal_intervals=True``):
+    ``ECE = sum_b (n_b / N) |acc(b) - conf(b)|``, ``MCE = max_b |acc(b) - conf(b)|`` and
+    ``ACE = mean_b |acc(b) - conf(b)|``, the unweighted mean over the non-empty bins (Neumann,
+    Zisserman and Vedaldi, "Relaxed Softmax: Efficient Confidence Auto-Calibration for Safe
+    Pedestrian Detection", NeurIPS-W 2018). netcal's ACE is thus *not* an adaptive (equal-mass)
+    error despite its name: it is :func:`~lightning_losses.calibration.calibration_error` with
+    ``norm="mean"``, up to the bin edges' convention; the equal-mass error is
+    :func:`~lightning_losses.calibration.adaptive_calibration_error`. Multiclass inputs are
+    measured on the top label; a binary ``[N]`` input is measured on the positive class, as
+    netcal does.
 
     Args:
         preds: probabilities or logits, ``[N, C]`` or ``[N]``.

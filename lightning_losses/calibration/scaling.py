@@ -8,6 +8,12 @@ probabilities are ``softmax(z / T)`` (or ``sigmoid(z / T)`` for a binary ``[N]``
     T^\\star = \\arg\\min_{T > 0} \\; -\\frac{1}{N} \\sum_{i=1}^{N}
     \\log \\operatorname{softmax}(z_i / T)_{y_i} .
 
+With soft labels (``target`` ``[N, C]``, a probability distribution ``q_i`` per row, e.g. the
+votes of several annotators) the NLL is the cross-entropy against them,
+``-(1/N) sum_i sum_c q_ic log softmax(z_i / T)_c`` (as torch-uncertainty's temperature scaler);
+one-hot rows give the integer-label fit. ``ignore_index`` drops the rows of integer labels equal
+to it (padding tokens) before anything else.
+
 Dividing by ``T`` never changes the argmax, so accuracy is untouched. The fit optimises
 ``log T`` (so ``T`` stays positive) with L-BFGS and a strong-Wolfe line search, in float64 on a
 detached copy of the logits. The NLL is convex in ``1 / T``, hence unimodal in ``log T``, and the
@@ -24,54 +30,101 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional._validation import check_ignore_index, check_sums_to_one
+
 __all__ = ["TemperatureScaler", "fit_temperature"]
 
 
-def _check_inputs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """Validate ``[N, C]`` / ``[N]`` logits and their labels; return float64 detached copies.
+def _check_inputs(
+    logits: Tensor, target: Tensor, ignore_index: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Validate logits and their labels; return float64 detached copies of the kept rows.
 
-    The target comes back as int64 labels for ``[N, C]`` logits and as float64 0/1 for ``[N]``.
+    The target comes back as int64 labels ``[N]`` for ``[N, C]`` logits with integer labels,
+    as float64 probabilities ``[N, C]`` for soft labels, and as float64 0/1 ``[N]`` for ``[N]``
+    logits. Rows whose integer label is ``ignore_index`` are dropped first.
     """
     if not isinstance(logits, Tensor) or not isinstance(target, Tensor):
         raise TypeError("logits and target must be torch tensors")
+    if ignore_index is not None:
+        check_ignore_index(ignore_index)
     if logits.ndim not in (1, 2) or (logits.ndim == 2 and logits.shape[1] < 2):
         raise ValueError(
             "logits must be [N, C] with C >= 2 (softmax) or [N] (one binary logit), "
             f"got {tuple(logits.shape)}"
         )
-    if target.shape != logits.shape[:1]:
-        raise ValueError(f"target must be [N] = [{logits.shape[0]}], got {tuple(target.shape)}")
-    if logits.shape[0] == 0:
-        raise ValueError("need at least one sample to fit a temperature")
+    soft = logits.ndim == 2 and target.ndim == 2
+    if soft:
+        if ignore_index is not None:
+            raise ValueError(
+                "ignore_index applies to integer class labels; drop the rows of soft labels "
+                f"instead (got ignore_index={ignore_index} with soft labels [N, C])"
+            )
+        if target.shape != logits.shape:
+            raise ValueError(
+                f"target of soft labels must be [N, C] = {list(logits.shape)} like the logits, "
+                f"got {list(target.shape)}"
+            )
+        if not target.is_floating_point():
+            raise TypeError(
+                f"target [N, C] must hold soft labels (float probabilities), got {target.dtype}; "
+                "integer class labels are [N]"
+            )
+    elif target.shape != logits.shape[:1]:
+        extra = f" (class labels) or [N, C] = {list(logits.shape)} (soft labels)"
+        raise ValueError(
+            f"target must be [N] = [{logits.shape[0]}]{extra if logits.ndim == 2 else ''}, "
+            f"got {tuple(target.shape)}"
+        )
     if not logits.is_floating_point():
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
-    z = logits.detach().to(torch.float64)
+    if logits.ndim == 2 and not soft and (target.is_floating_point() or target.dtype == torch.bool):
+        raise TypeError(f"target must hold integer class labels, got {target.dtype}")
+    logits, target = logits.detach(), target.detach()
+    if ignore_index is not None:
+        keep = target != ignore_index
+        logits, target = logits[keep], target[keep]
+    if logits.shape[0] == 0:
+        left = " not ignored" if ignore_index is not None else ""
+        raise ValueError(f"need at least one sample{left} to fit a temperature")
+    z = logits.to(torch.float64)
     if not torch.isfinite(z).all():
         raise ValueError("logits contain non-finite values")
-    if logits.ndim == 2:
-        if target.is_floating_point() or target.dtype == torch.bool:
-            raise TypeError(f"target must hold integer class labels, got {target.dtype}")
-        y = target.detach().long()
+    if soft:
+        y = target.to(torch.float64)
+        if not bool(((y >= 0) & (y <= 1)).all()):
+            raise ValueError("target soft labels must be probabilities in [0, 1] (and not NaN)")
+        check_sums_to_one("target", y.sum(dim=1), target.dtype, over="the classes of each row")
+    elif logits.ndim == 2:
+        y = target.long()
         if y.min() < 0 or y.max() >= logits.shape[1]:
-            raise ValueError(f"target labels must lie in [0, {logits.shape[1]})")
+            extra = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
+            raise ValueError(f"target labels must lie in [0, {logits.shape[1]}){extra}")
     else:
-        y = target.detach().to(torch.float64)
+        y = target.to(torch.float64)
         if not ((y == 0) | (y == 1)).all():
             raise ValueError("binary target must hold 0 and 1 only")
     return z, y.to(z.device)
 
 
 def _nll(z: Tensor, y: Tensor) -> Tensor:
-    """Mean NLL: cross-entropy for ``[N, C]`` logits, binary cross-entropy for ``[N]``."""
+    """Mean NLL: cross-entropy for ``[N, C]`` logits (against soft labels ``[N, C]`` too), binary
+    cross-entropy for ``[N]``."""
     if z.ndim == 2:
-        return F.cross_entropy(z, y)
+        return F.cross_entropy(z, y)  # float [N, C] targets: -sum_c q_c log softmax(z)_c
     return F.binary_cross_entropy_with_logits(z, y)
 
 
 def _top_label(z: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """Top-label confidence and correctness (``max(p, 1 - p)`` and ``1[z > 0] == y`` for binary)."""
+    """Top-label confidence and correctness (``max(p, 1 - p)`` and ``1[z > 0] == y`` for binary).
+
+    With soft labels ``y`` ``[N, C]`` the correctness is ``y[i, argmax_c z_ic]``: the chance that
+    the prediction is right when the label is drawn from the soft label (1 or 0 if one-hot).
+    """
     if z.ndim == 2:
         confidence, predicted = z.softmax(dim=1).max(dim=1)
+        if y.ndim == 2:
+            return confidence, y.gather(1, predicted[:, None])[:, 0]
         return confidence, (predicted == y).to(z.dtype)
     p = z.sigmoid()
     return torch.maximum(p, 1 - p), ((z > 0).to(z.dtype) == y).to(z.dtype)
@@ -88,28 +141,38 @@ def _ece(confidence: Tensor, correct: Tensor, n_bins: int) -> float:
     return float((conf_sum - correct_sum).abs().sum() / confidence.numel())
 
 
-def fit_temperature(logits: Tensor, target: Tensor, *, max_iter: int = 100) -> float:
+def fit_temperature(
+    logits: Tensor, target: Tensor, *, max_iter: int = 100, ignore_index: int | None = None
+) -> float:
     """Fit the temperature that minimises the NLL of ``softmax(logits / T)`` on held-out data.
 
     ``T* = argmin_T mean_i -log softmax(z_i / T)[y_i]`` (``sigmoid`` and binary cross-entropy
-    for ``[N]`` logits), found by L-BFGS with a strong-Wolfe line search on ``log T`` from
-    ``T = 1``, in float64. ``T > 1`` softens an overconfident model, ``T < 1`` sharpens an
-    underconfident one. If the logits separate the classes perfectly the NLL keeps falling as
-    ``T -> 0`` and the returned ``T`` is merely small.
+    for ``[N]`` logits; ``mean_i -sum_c q_ic log softmax(z_i / T)_c`` for soft labels ``q``),
+    found by L-BFGS with a strong-Wolfe line search on ``log T`` from ``T = 1``, in float64.
+    ``T > 1`` softens an overconfident model, ``T < 1`` sharpens an underconfident one. If the
+    logits separate the classes perfectly the NLL keeps falling as ``T -> 0`` and the returned
+    ``T`` is merely small.
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
     Args:
         logits: held-out logits ``[N, C]`` (``C >= 2``), or ``[N]`` binary logits.
-        target: class labels ``[N]`` (integers), or 0/1 for binary logits.
+        target: class labels ``[N]`` (integers); soft labels ``[N, C]`` (float probabilities,
+            each row summing to 1 within 1e-3 for float32 and float64, used as given) for
+            ``[N, C]`` logits; or 0/1 for binary logits.
         max_iter: maximum number of L-BFGS iterations.
+        ignore_index: rows whose integer label equals it are left out (``None``: keep all).
+            Not for soft labels: drop their rows instead.
 
     Returns:
         The fitted temperature ``T > 0``.
 
     Raises:
-        TypeError: for non-tensor inputs, integer logits or non-integer class labels.
-        ValueError: for bad shapes, empty or non-finite inputs, or labels out of range.
+        TypeError: for non-tensor inputs, integer logits, non-integer class labels, integer
+            ``[N, C]`` targets, or an ``ignore_index`` that is not an int.
+        ValueError: for bad shapes, empty (or all ignored) or non-finite inputs, labels out of
+            range, soft labels outside [0, 1] or whose rows do not sum to 1, or
+            ``ignore_index`` given with soft labels.
 
     Example:
         >>> import math
@@ -118,8 +181,15 @@ def fit_temperature(logits: Tensor, target: Tensor, *, max_iter: int = 100) -> f
         >>> t = fit_temperature(z, y)
         >>> round(t, 6), abs(t - 2 / math.log(3)) < 1e-6
         (1.820478, True)
+        >>> soft = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+        >>> abs(fit_temperature(z, soft) - t) < 1e-6  # one-hot rows: the integer-label fit
+        True
+        >>> padded = fit_temperature(torch.cat([z, z[:1]]), torch.tensor([0, 0, 1, 1, -100]),
+        ...                          ignore_index=-100)
+        >>> abs(padded - t) < 1e-9
+        True
     """
-    z, y = _check_inputs(logits, target)
+    z, y = _check_inputs(logits, target, ignore_index)
     log_t = torch.zeros((), dtype=torch.float64, device=z.device, requires_grad=True)
     optimizer = torch.optim.LBFGS(
         [log_t],
@@ -184,27 +254,56 @@ class TemperatureScaler(nn.Module):
             raise ValueError(f"temperature must be positive and finite, got {value}")
         self.temperature_buffer.fill_(value)
 
-    def fit(self, logits: Tensor, target: Tensor) -> TemperatureScaler:
-        """Fit ``T`` on held-out ``logits`` and ``target`` (see :func:`fit_temperature`)."""
-        self.temperature = fit_temperature(logits, target, max_iter=self.max_iter)
+    def fit(
+        self, logits: Tensor, target: Tensor, *, ignore_index: int | None = None
+    ) -> TemperatureScaler:
+        """Fit ``T`` on held-out ``logits`` and ``target`` (see :func:`fit_temperature`).
+
+        ``target`` holds integer labels ``[N]`` (rows equal to ``ignore_index`` left out) or
+        soft labels ``[N, C]``.
+        """
+        self.temperature = fit_temperature(
+            logits, target, max_iter=self.max_iter, ignore_index=ignore_index
+        )
         return self
 
     def forward(self, logits: Tensor) -> Tensor:
         """Return ``logits / T`` in the dtype of ``logits``."""
         return logits / self.temperature
 
-    def report(self, logits: Tensor, target: Tensor, n_bins: int = 15) -> dict[str, float]:
+    def report(
+        self,
+        logits: Tensor,
+        target: Tensor,
+        n_bins: int = 15,
+        *,
+        ignore_index: int | None = None,
+    ) -> dict[str, float]:
         """Top-label ECE and NLL of ``logits`` before and after scaling by the current ``T``.
 
         The ECE uses ``n_bins`` equal-width bins ``(k/B, (k+1)/B]`` (a confidence of 0 in the
-        first) and is ``sum_k |conf_sum_k - correct_sum_k| / N`` from the per-bin sums.
+        first) and is ``sum_k |conf_sum_k - correct_sum_k| / N`` from the per-bin sums. The
+        rows of integer labels equal to ``ignore_index`` are left out.
+
+        With soft labels ``q`` ``[N, C]`` the NLL is the cross-entropy against them (what
+        :meth:`fit` minimises) and the correctness of sample ``i`` in the ECE is
+        ``q[i, argmax_c z_ic]``, the probability that the predicted class is right when the
+        label is drawn from ``q``: with one-hot rows both are the integer-label values, with
+        annotator votes the ECE compares confidence with the expected agreement.
 
         Returns:
             ``{"temperature", "ece_before", "ece_after", "nll_before", "nll_after"}``.
+
+        Example:
+            >>> logits = torch.tensor([[3.0, 0.0], [0.0, 1.0], [2.0, 2.0]])
+            >>> soft = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5]])
+            >>> report = TemperatureScaler().fit(logits, soft).report(logits, soft)
+            >>> report["nll_after"] <= report["nll_before"]
+            True
         """
         if n_bins < 1:
             raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
-        z, y = _check_inputs(logits, target)
+        z, y = _check_inputs(logits, target, ignore_index)
         scaled = z / self.temperature
         with torch.no_grad():
             return {

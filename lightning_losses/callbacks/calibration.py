@@ -130,7 +130,18 @@ class CalibrationMonitor(Callback):
     With ``input_format="probs"`` the first batch of each validation (sanity check included,
     so before any training step) and test epoch is checked: values in [0, 1] and, for
     multiclass ``[N, C]``, rows that sum to 1 (within 1e-3); otherwise a ``ValueError`` says
-    what was seen (a model that returns logits would silently give a wrong ECE).
+    what was seen (a model that returns logits would silently give a wrong ECE). The first
+    batch's multiclass targets are checked too: each in ``[0, C)`` or equal to
+    ``ignore_index``; a padding value such as -100 without ``ignore_index`` is a ``ValueError``
+    that names the criterion's ``ignore_index`` when the module has one.
+
+    ``ignore_index`` (default ``None``: every target counts) drops the samples whose target
+    equals it before every metric, as torchmetrics does: set it to the criterion's
+    ``ignore_index`` (-100 for the losses here) for padded sequences, whose ``[B, L, C]``
+    logits and ``[B, L]`` targets are flattened to tokens (see :func:`calibration_inputs`), and
+    the logged numbers are token-level over the real tokens. It is not read from the module
+    (the monitor works with any LightningModule); the first-batch check above catches a
+    forgotten one. A stage whose targets are all ignored logs nothing, like an empty one.
 
     Args:
         n_bins: equal-width bins.
@@ -140,11 +151,14 @@ class CalibrationMonitor(Callback):
         final_diagram: save the diagram of the last validation epoch when training ends.
         adaptive: also log the adaptive (equal-mass) ECE (keeps the confidences: O(N)).
         classwise: also log the classwise ECE (its classes are read from the first batch).
+        ignore_index: target value whose samples are left out (``None``: none), an int.
 
     Example:
         >>> monitor = CalibrationMonitor(n_bins=10, diagram_every_n_epochs=5)
         >>> monitor.n_bins, monitor.input_format, monitor.final_diagram
         (10, 'logits', True)
+        >>> CalibrationMonitor(ignore_index=-100).ignore_index  # padded token targets
+        -100
     """
 
     def __init__(
@@ -155,11 +169,14 @@ class CalibrationMonitor(Callback):
         final_diagram: bool = True,
         adaptive: bool = False,
         classwise: bool = False,
+        ignore_index: int | None = None,
     ) -> None:
         from lightning_losses.calibration import functional as CF
 
         CF.check_n_bins(n_bins)
         CF.check_choice("input_format", input_format, CF.INPUT_FORMATS)
+        if ignore_index is not None:
+            CF.check_ignore_index(ignore_index)
         if diagram_every_n_epochs < 0:
             raise ValueError(f"diagram_every_n_epochs must be >= 0; got {diagram_every_n_epochs}")
         self.n_bins = n_bins
@@ -168,6 +185,7 @@ class CalibrationMonitor(Callback):
         self.final_diagram = final_diagram
         self.adaptive = adaptive
         self.classwise = classwise
+        self.ignore_index = ignore_index
         self._metrics: dict[str, dict[str, Any]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -183,7 +201,11 @@ class CalibrationMonitor(Callback):
         from lightning_losses.calibration import metrics as CM
 
         # The model's own outputs: no value checks on the hot path (shapes are still checked).
-        options = {"input_format": self.input_format, "validate_args": False}
+        options = {
+            "input_format": self.input_format,
+            "validate_args": False,
+            "ignore_index": self.ignore_index,
+        }
         # One metric, one pass per batch, for the seven equal-width and proper-score numbers.
         built: dict[str, Any] = {"summary": CM.CalibrationSummary(n_bins=self.n_bins, **options)}
         if self.adaptive:
@@ -203,6 +225,7 @@ class CalibrationMonitor(Callback):
     ) -> None:
         logits, target = calibration_inputs(outputs, pl_module)
         if stage not in self._checked:
+            self._check_targets(stage, logits, target, pl_module)
             self._check_probabilities(stage, logits, target)
             self._checked.add(stage)
         if not accumulate:
@@ -216,14 +239,51 @@ class CalibrationMonitor(Callback):
                 n_bins=self.n_bins,
                 input_format=self.input_format,
                 validate_args=False,
+                ignore_index=self.ignore_index,
             ).to(pl_module.device)
         for metric in metrics.values():
             metric.update(logits, target)
+
+    def _check_targets(
+        self, stage: str, logits: Tensor, target: Tensor, pl_module: pl.LightningModule
+    ) -> None:
+        """Multiclass targets in ``[0, C)`` or equal to ``ignore_index`` (first batch only)."""
+        if not (logits.dim() == 2 and target.dim() == 1) or target.numel() == 0:
+            return
+        if target.is_floating_point() or target.dtype == torch.bool:
+            return  # the metrics raise their own TypeError
+        num_classes = logits.shape[1]
+        bad = (target < 0) | (target >= num_classes)
+        if self.ignore_index is not None:
+            bad &= target != self.ignore_index
+        if not bool(bad.any()):
+            return
+        value = int(target[bad][0])
+        if self.ignore_index is None:
+            criterion = getattr(pl_module, "criterion", None)
+            own = getattr(criterion, "ignore_index", None)
+            hint = (
+                f"; padding? the module's criterion ignores {own}: pass "
+                f"CalibrationMonitor(ignore_index={own})"
+                if own is not None and own == value
+                else "; padding? pass CalibrationMonitor(ignore_index=<that value>)"
+            )
+        else:
+            hint = f" and differ from ignore_index={self.ignore_index}"
+        raise ValueError(
+            f"CalibrationMonitor: the first {stage} batch has the target {value}, but targets "
+            f"must lie in [0, {num_classes - 1}] for C={num_classes} classes{hint}"
+        )
 
     def _check_probabilities(self, stage: str, probs: Tensor, target: Tensor) -> None:
         """With ``input_format="probs"``: values in [0, 1], multiclass rows summing to 1."""
         if self.input_format != "probs" or probs.numel() == 0:
             return
+        if self.ignore_index is not None and target.shape == probs.shape[: target.dim()]:
+            keep = target != self.ignore_index  # rows (multiclass, binary) or entries
+            probs, target = probs[keep], target[keep]
+            if probs.numel() == 0:
+                return
         probs = probs.float()
         low, high = (float(v) for v in torch.aminmax(probs))
         if math.isnan(low) or math.isnan(high):
@@ -398,12 +458,25 @@ class TemperatureScalingCallback(Callback):
         n_bins: bins of the reported ECE.
         max_iter: LBFGS iterations of the fit.
         apply_to_model: scale ``pl_module.temperature`` by the fitted temperature.
+        ignore_index: leave out the samples whose target equals it (padding tokens), in the
+            fit and in the report; ``None`` keeps all.
     """
 
-    def __init__(self, n_bins: int = 15, max_iter: int = 100, apply_to_model: bool = False):
+    def __init__(
+        self,
+        n_bins: int = 15,
+        max_iter: int = 100,
+        apply_to_model: bool = False,
+        ignore_index: int | None = None,
+    ):
+        if ignore_index is not None:
+            from lightning_losses.functional._validation import check_ignore_index
+
+            check_ignore_index(ignore_index)
         self.n_bins = n_bins
         self.max_iter = max_iter
         self.apply_to_model = apply_to_model
+        self.ignore_index = ignore_index
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
         self.report: dict[str, float] = {}
@@ -470,8 +543,9 @@ class TemperatureScalingCallback(Callback):
         if logits.dim() == 2 and target.dim() == 2:
             rank_zero_warn("TemperatureScalingCallback: multi-label outputs are not scaled")
             return
-        scaler = TemperatureScaler(max_iter=self.max_iter).fit(logits, target)
-        report = scaler.report(logits, target, n_bins=self.n_bins)
+        scaler = TemperatureScaler(max_iter=self.max_iter)
+        scaler.fit(logits, target, ignore_index=self.ignore_index)
+        report = scaler.report(logits, target, n_bins=self.n_bins, ignore_index=self.ignore_index)
         self.report = {key: float(value) for key, value in report.items()}
         if self.apply_to_model:
             pl_module.temperature = pl_module.temperature * self.report["temperature"]
