@@ -1,0 +1,89 @@
+"""The smooth ECE metric under real 2-process gloo DDP equals the one-process value on all data.
+
+Two processes (``torch.multiprocessing.spawn``, ``init_process_group("gloo")`` on 127.0.0.1)
+hold uneven shares of one data set (1001 and 517 samples, in batches of different sizes);
+torchmetrics sums the ``mass`` and ``residual`` grids across them in ``compute()``, ``grid()``
+and ``curve()``. The reference is :func:`smooth_calibration_error` in this process over all
+1518 samples.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_losses.calibration.smooth import SmoothCalibrationError, smooth_calibration_error
+
+SHARES = (1001, 517)
+BATCHES = (300, 128)
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(sum(SHARES), 6, generator=generator, dtype=torch.float64) * 2.5
+    target = torch.multinomial((logits / 2.5).softmax(1), 1, generator=generator)[:, 0]
+    return logits, target
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SHARES)
+    )
+    try:
+        torch.set_num_threads(1)
+        logits, target = _data()
+        start = sum(SHARES[:rank])
+        mine = slice(start, start + SHARES[rank])
+        results = {}
+        for bandwidth in (None, 0.03):
+            metric = SmoothCalibrationError(input_format="logits", bandwidth=bandwidth)
+            for chunk, labels in zip(
+                logits[mine].split(BATCHES[rank]), target[mine].split(BATCHES[rank]), strict=True
+            ):
+                metric.update(chunk, labels)
+            local_mass = metric.mass.clone()
+            curve = metric.curve()
+            results[bandwidth] = {
+                "value": metric.compute(),
+                "grid": metric.grid(),
+                "curve_value": curve.value,
+                "curve_bandwidth": curve.bandwidth,
+                "local_restored": torch.equal(metric.mass, local_mass),
+                "local_total": local_mass.sum().item(),
+            }
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_synced_metric_equals_single_process_value(tmp_path):
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=len(SHARES), join=True)
+    logits, target = _data()
+    for bandwidth in (None, 0.03):
+        reference, sigma = smooth_calibration_error(
+            logits, target, input_format="logits", bandwidth=bandwidth, return_bandwidth=True
+        )
+        single = SmoothCalibrationError(input_format="logits", bandwidth=bandwidth)
+        single.update(logits, target)
+        full_mass, full_residual = single.grid()
+        for rank in range(len(SHARES)):
+            result = torch.load(tmp_path / f"rank{rank}.pt")[bandwidth]
+            assert abs(result["value"].item() - reference.item()) < 1e-12
+            assert abs(result["curve_value"] - reference.item()) < 1e-12
+            assert result["curve_bandwidth"] == sigma.item()
+            mass, residual = result["grid"]
+            torch.testing.assert_close(mass, full_mass, rtol=0, atol=1e-12)
+            torch.testing.assert_close(residual, full_residual, rtol=0, atol=1e-12)
+            # the local states come back after the sync, holding this rank's share only
+            assert result["local_restored"]
+            assert abs(result["local_total"] - SHARES[rank]) < 1e-9
