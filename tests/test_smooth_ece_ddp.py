@@ -3,8 +3,8 @@
 Two processes (``torch.multiprocessing.spawn``, ``init_process_group("gloo")`` on 127.0.0.1)
 hold uneven shares of one data set (1001 and 517 samples, in batches of different sizes);
 torchmetrics sums the ``mass`` and ``residual`` grids across them in ``compute()``, ``grid()``
-and ``curve()``. The reference is :func:`smooth_calibration_error` in this process over all
-1518 samples.
+and ``curve()``, and those of ``CalibrationSummary(smooth=True)`` in its ``compute()``. The
+reference is :func:`smooth_calibration_error` in this process over all 1518 samples.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lightning_losses.calibration import CalibrationSummary
 from lightning_losses.calibration.smooth import SmoothCalibrationError, smooth_calibration_error
 
 SHARES = (1001, 517)
@@ -61,6 +62,10 @@ def _worker(rank: int, port: int, out: str) -> None:
                 "local_restored": torch.equal(metric.mass, local_mass),
                 "local_total": local_mass.sum().item(),
             }
+        summary = CalibrationSummary(input_format="logits", smooth=True)
+        for chunk, labels in zip(logits[mine].split(97), target[mine].split(97), strict=True):
+            summary.update(chunk, labels)
+        results["summary"] = summary.compute()["smooth_ece"]
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -87,3 +92,7 @@ def test_synced_metric_equals_single_process_value(tmp_path):
             # the local states come back after the sync, holding this rank's share only
             assert result["local_restored"]
             assert abs(result["local_total"] - SHARES[rank]) < 1e-9
+    reference = smooth_calibration_error(logits, target, input_format="logits")
+    for rank in range(len(SHARES)):  # CalibrationSummary(smooth=True) syncs its grid too
+        summary = torch.load(tmp_path / f"rank{rank}.pt")["summary"]
+        assert abs(summary.item() - reference.item()) < 1e-12

@@ -1,7 +1,8 @@
 """Calibration analytics: calibration errors, Brier score and NLL as functions and metrics.
 
 ``lightning_losses.calibration.functional`` holds the pure functions, ``.metrics`` the
-torchmetrics ``Metric``s (float64 per-bin sums as state, DDP-ready). This package imports torch
+torchmetrics ``Metric``s (float64 per-bin sums as state, DDP-ready), ``.smooth`` the smooth
+ECE of Błasiok and Nakkiran (an O(grid) state). This package imports torch
 and torchmetrics only; netcal and matplotlib are imported lazily by the modules that need them.
 """
 
@@ -30,6 +31,14 @@ from .metrics import (
     MeanConfidence,
     NegativeLogLikelihood,
 )
+from .smooth import (
+    SmoothCalibrationError,
+    SmoothReliabilityCurve,
+    smooth_calibration_error,
+    smooth_calibration_error_from_grid,
+    smooth_grid_statistics,
+    smooth_reliability_curve,
+)
 
 __all__ = [
     "Accuracy",
@@ -40,6 +49,8 @@ __all__ = [
     "ClasswiseCalibrationError",
     "MeanConfidence",
     "NegativeLogLikelihood",
+    "SmoothCalibrationError",
+    "SmoothReliabilityCurve",
     "accuracy",
     "adaptive_calibration_error",
     "binned_statistics",
@@ -53,4 +64,8 @@ __all__ = [
     "mean_confidence",
     "negative_log_likelihood",
     "resolve_task",
+    "smooth_calibration_error",
+    "smooth_calibration_error_from_grid",
+    "smooth_grid_statistics",
+    "smooth_reliability_curve",
 ]

@@ -520,12 +520,19 @@ class CalibrationSummary(_EqualWidthMetric):
     binary and multi-label inputs) is ``count.sum()``, one binned pair per term. A DDP sync
     moves ``3 n_bins + 4`` numbers.
 
+    With ``smooth=True`` it also keeps the grid of
+    :class:`~lightning_losses.calibration.smooth.SmoothCalibrationError` (states ``mass`` and
+    ``residual``, float64 ``[GRID_SIZE + 1]``, from the same binned pairs) and ``compute`` adds
+    ``smooth_ece``, the smooth ECE of Błasiok and Nakkiran at its automatic bandwidth, equal to
+    that metric's value on the same data.
+
     ``input_format``, ``task``, ``validate_args``, ``ignore_index`` and ``kwargs`` are as in
     :class:`CalibrationError`.
 
     Args:
         num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
         n_bins: number of equal-width bins.
+        smooth: also compute the smooth ECE (``smooth_ece``; O(grid) state).
 
     Example:
         >>> metric = CalibrationSummary(n_bins=3)
@@ -550,14 +557,24 @@ class CalibrationSummary(_EqualWidthMetric):
         task: Task | None = None,
         validate_args: bool = True,
         ignore_index: int | None = None,
+        smooth: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(
             num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
         )
+        if not isinstance(smooth, bool):
+            raise TypeError(f"smooth must be True or False; got {smooth!r}")
+        self.smooth = smooth
         zero = torch.zeros((), dtype=torch.float64)
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
+        if smooth:
+            from .smooth import GRID_SIZE
+
+            for name in ("mass", "residual"):
+                grid = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
+                self.add_state(name, default=grid, dist_reduce_fx="sum")
 
     def update(self, preds: Tensor, target: Tensor) -> None:
         """Add a batch: its bin sums, Brier and NLL terms, top-label hits and confidences."""
@@ -576,6 +593,12 @@ class CalibrationSummary(_EqualWidthMetric):
             preds, target, input_format=self.input_format, task=pooled, validate_args=False
         )
         self._add_bins(confidence, correct)
+        if self.smooth:
+            from .smooth import smooth_grid_statistics
+
+            mass, residual = smooth_grid_statistics(confidence, correct)
+            self.mass.add_(mass)
+            self.residual.add_(residual)
         brier, nll = CF._proper_terms(preds, target, task, self.input_format)
         self.brier_sum.add_(brier.sum())
         self.nll_sum.add_(nll.sum())
@@ -589,17 +612,35 @@ class CalibrationSummary(_EqualWidthMetric):
         self.top_confidence.add_(top_confidence.sum(dtype=torch.float64))
 
     def compute(self) -> dict[str, Tensor]:
-        """``{ece, mce, rmsce, brier, nll, accuracy, confidence}`` (synced across processes)."""
+        """``{ece, mce, rmsce, brier, nll, accuracy, confidence}`` (synced across processes),
+        and ``smooth_ece`` with ``smooth=True``."""
         return self._values()
 
     def compute_with_bins(self) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor, Tensor]]:
         """:meth:`compute` and :meth:`bins` from one sync across processes."""
         return self._synced(lambda: (self._values(), self._bins()))
 
+    def compute_with_state(
+        self,
+    ) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        """:meth:`compute`, :meth:`bins` and :meth:`grid` from one sync across processes."""
+        return self._synced(lambda: (self._values(), self._bins(), self._grid()))
+
+    def _grid(self) -> tuple[Tensor, Tensor] | None:
+        return (self.mass.clone(), self.residual.clone()) if self.smooth else None
+
+    def grid(self) -> tuple[Tensor, Tensor] | None:
+        """``(mass, residual)`` of the smooth ECE, synced under DDP; ``None`` unless ``smooth``.
+
+        What :func:`~lightning_losses.calibration.smooth_diagram.smooth_reliability_diagram`
+        draws.
+        """
+        return self._synced(self._grid)
+
     def _values(self) -> dict[str, Tensor]:
         bins = (self.count, self.conf_sum, self.correct_sum)
         terms = self.count.sum()  # one binned (confidence, correct) pair per term
-        return {
+        values = {
             "ece": CF.calibration_error_from_bins(*bins, "l1"),
             "mce": CF.calibration_error_from_bins(*bins, "max"),
             "rmsce": CF.calibration_error_from_bins(*bins, "l2"),
@@ -608,3 +649,8 @@ class CalibrationSummary(_EqualWidthMetric):
             "accuracy": self.top_correct / terms,
             "confidence": self.top_confidence / terms,
         }
+        if self.smooth:
+            from .smooth import smooth_calibration_error_from_grid
+
+            values["smooth_ece"] = smooth_calibration_error_from_grid(self.mass, self.residual)
+        return values

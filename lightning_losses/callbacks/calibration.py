@@ -20,6 +20,8 @@ STAGES = ("val", "test")
 #: Names under which a module may log a quantity the monitor computes (the monitor then leaves
 #: it to the module): ClassifierModule logs its accuracy as ``<stage>/acc``.
 ALIASES = {"accuracy": ("accuracy", "acc")}
+#: What a diagram is drawn from: the equal-width bins, and the smooth ECE's grid (or None).
+DiagramState = tuple[tuple[Tensor, ...], tuple[Tensor, Tensor] | None]
 
 
 def calibration_inputs(outputs: Any, pl_module: pl.LightningModule) -> tuple[Tensor, Tensor]:
@@ -83,13 +85,22 @@ def artifact_loggers(trainer: pl.Trainer) -> list[Any]:
     return found
 
 
-def _draw(bins: tuple[Tensor, ...], path: Path, title: str, loggers: list[Any]) -> None:
+def _draw(state: DiagramState, paths: tuple[Path, Path], title: str, loggers: list[Any]) -> None:
+    """The binned diagram at ``paths[0]`` and, with a grid, the smoothed one at ``paths[1]``."""
     from lightning_losses.calibration.diagram import reliability_diagram
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    reliability_diagram(*bins, path=path, title=title)
-    for log_file in loggers:
-        log_file(str(path), artifact_path="calibration")
+    bins, grid = state
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    reliability_diagram(*bins, path=paths[0], title=title)
+    written = [paths[0]]
+    if grid is not None:
+        from lightning_losses.calibration.smooth_diagram import smooth_reliability_diagram
+
+        smooth_reliability_diagram(*grid, path=paths[1], title=title)
+        written.append(paths[1])
+    for path in written:
+        for log_file in loggers:
+            log_file(str(path), artifact_path="calibration")
 
 
 class CalibrationMonitor(Callback):
@@ -99,17 +110,20 @@ class CalibrationMonitor(Callback):
     "target": ...}`` (:meth:`lightning_losses.LossMixin.validation_output`). Per stage it logs,
     through ``pl_module.log`` so that every logger gets them: ``<stage>/ece``, ``<stage>/mce``,
     ``<stage>/rmsce`` (equal-width bins), ``<stage>/brier``, ``<stage>/nll``,
-    ``<stage>/accuracy``, ``<stage>/confidence``, and optionally ``<stage>/adaptive_ece`` and
-    ``<stage>/classwise_ece``. The metrics are torchmetrics ``Metric`` s: under DDP they reduce
-    their per-bin sums across processes, so the logged values are those of the whole
-    validation set.
+    ``<stage>/accuracy``, ``<stage>/confidence``, and optionally ``<stage>/adaptive_ece``,
+    ``<stage>/classwise_ece`` and ``<stage>/smooth_ece`` (the smooth ECE of Błasiok and
+    Nakkiran, "Smooth ECE: Principled Reliability Diagrams via Kernel Smoothing", ICLR 2024).
+    The metrics are torchmetrics ``Metric`` s: under DDP they reduce their per-bin sums
+    across processes, so the logged values are those of the whole validation set.
 
     The reliability diagram, drawn from the metric's own bins, is saved as
     ``<log_dir>/calibration/<stage>_epoch=<E>.png`` and, when the logger is MLflow's, logged as
     an artifact under ``calibration/``. ``E`` is the epoch the model's weights are from: the
     current epoch during fit; for ``validate`` / ``test`` the epoch of the checkpoint loaded
     (``ckpt_path``), else the last epoch trained by this trainer; a model never trained is
-    ``<stage>_untrained.png``. Diagrams are drawn for the last validation epoch at the end of
+    ``<stage>_untrained.png``. With ``smooth=True`` the smoothed reliability diagram is saved
+    beside it as ``<stage>_smooth_epoch=<E>.png`` (``<stage>_smooth_untrained.png``), from the
+    summary's own grid. Diagrams are drawn for the last validation epoch at the end of
     training (``final_diagram``), after each test, and every ``diagram_every_n_epochs``
     validation epochs if asked. Drawing happens in a background thread; the end of training and
     of test wait for the pending diagrams, so they are logged before the logger closes the run.
@@ -152,6 +166,9 @@ class CalibrationMonitor(Callback):
         adaptive: also log the adaptive (equal-mass) ECE (keeps the confidences: O(N)).
         classwise: also log the classwise ECE (its classes are read from the first batch).
         ignore_index: target value whose samples are left out (``None``: none), an int.
+        smooth: also log the smooth ECE and save the smoothed reliability diagram (a grid of
+            16,385 float64 pairs per stage, summed across processes; the automatic bandwidth
+            search costs a few milliseconds per epoch).
 
     Example:
         >>> monitor = CalibrationMonitor(n_bins=10, diagram_every_n_epochs=5)
@@ -170,6 +187,7 @@ class CalibrationMonitor(Callback):
         adaptive: bool = False,
         classwise: bool = False,
         ignore_index: int | None = None,
+        smooth: bool = False,
     ) -> None:
         from lightning_losses.calibration import functional as CF
 
@@ -179,6 +197,8 @@ class CalibrationMonitor(Callback):
             CF.check_ignore_index(ignore_index)
         if diagram_every_n_epochs < 0:
             raise ValueError(f"diagram_every_n_epochs must be >= 0; got {diagram_every_n_epochs}")
+        if not isinstance(smooth, bool):
+            raise TypeError(f"smooth must be True or False; got {smooth!r}")
         self.n_bins = n_bins
         self.input_format = input_format
         self.diagram_every_n_epochs = diagram_every_n_epochs
@@ -186,12 +206,14 @@ class CalibrationMonitor(Callback):
         self.adaptive = adaptive
         self.classwise = classwise
         self.ignore_index = ignore_index
+        self.smooth = smooth
         self._metrics: dict[str, dict[str, Any]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self.last_diagram: Path | None = None
-        # (epoch, bins, drawn) of the last validation epoch, for the final diagram.
-        self._last_val: tuple[int, tuple[Tensor, ...], bool] | None = None
+        self.last_smooth_diagram: Path | None = None
+        # (epoch, (bins, grid), drawn) of the last validation epoch, for the final diagram.
+        self._last_val: tuple[int, DiagramState, bool] | None = None
         self._checked: set[str] = set()  # stages whose inputs were checked this epoch
         self._own_keys: set[str] = set()  # keys this monitor has logged
         self._other_keys: set[str] = set()  # keys the module (or anyone else) logs
@@ -207,7 +229,8 @@ class CalibrationMonitor(Callback):
             "ignore_index": self.ignore_index,
         }
         # One metric, one pass per batch, for the seven equal-width and proper-score numbers.
-        built: dict[str, Any] = {"summary": CM.CalibrationSummary(n_bins=self.n_bins, **options)}
+        summary = CM.CalibrationSummary(n_bins=self.n_bins, smooth=self.smooth, **options)
+        built: dict[str, Any] = {"summary": summary}
         if self.adaptive:
             built["adaptive_ece"] = CM.AdaptiveCalibrationError(n_bins=self.n_bins, **options)
         return built
@@ -328,7 +351,7 @@ class CalibrationMonitor(Callback):
         summary = metrics["summary"]
         if not int(summary.count.sum()) and not trainer.world_size > 1:
             return  # nothing was validated (e.g. limit_val_batches=0)
-        values, bins = summary.compute_with_bins()  # one sync under DDP
+        values, bins, grid = summary.compute_with_state()  # one sync under DDP
         values.update({name: m.compute() for name, m in metrics.items() if name != "summary"})
         taken = self._keys_of_others(trainer)
         logged = {
@@ -344,25 +367,29 @@ class CalibrationMonitor(Callback):
         every = self.diagram_every_n_epochs
         due = stage == "test" or (every > 0 and (epoch + 1) % every == 0)
         if due and trainer.is_global_zero:
-            self._save_diagram(trainer, stage, self._model_epoch(trainer), bins)
+            self._save_diagram(trainer, stage, self._model_epoch(trainer), (bins, grid))
         if stage == "val":
-            self._last_val = (epoch, bins, due)
+            self._last_val = (epoch, (bins, grid), due)
         for metric in metrics.values():
             metric.reset()
 
     def _save_diagram(
-        self, trainer: pl.Trainer, stage: str, epoch: int | None, bins: tuple[Tensor, ...]
+        self, trainer: pl.Trainer, stage: str, epoch: int | None, state: DiagramState
     ) -> None:
         """Draw and save (and log to MLflow) in a background thread: training goes on."""
-        name = f"{stage}_untrained" if epoch is None else f"{stage}_epoch={epoch:03d}"
-        path = figure_folder(trainer) / f"{name}.png"
+        suffix = "untrained" if epoch is None else f"epoch={epoch:03d}"
+        folder = figure_folder(trainer)
+        paths = (folder / f"{stage}_{suffix}.png", folder / f"{stage}_smooth_{suffix}.png")
         title = f"{stage}, untrained model" if epoch is None else f"{stage}, epoch {epoch}"
         loggers = artifact_loggers(trainer)
+        bins, grid = state
         bins = tuple(b.detach().cpu() for b in bins)
+        grid = None if grid is None else (grid[0].detach().cpu(), grid[1].detach().cpu())
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagram")
-        self._pending.append(self._executor.submit(_draw, bins, path, title, loggers))
-        self.last_diagram = path
+        self._pending.append(self._executor.submit(_draw, (bins, grid), paths, title, loggers))
+        self.last_diagram = paths[0]
+        self.last_smooth_diagram = paths[1] if grid is not None else None
 
     def wait(self) -> None:
         """Block until every diagram submitted so far is written (errors are raised here)."""
