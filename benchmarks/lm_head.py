@@ -54,9 +54,11 @@ TIME_TARGET, MEMORY_TARGET = 1.05, 1.2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _torch_chunked(reduction: str) -> Case:
+def _torch_chunked(reduction: str, label_smoothing: float = 0.0) -> Case:
     options = torch.nn.LinearCrossEntropyOptions()
-    return lambda h, w, t: F.linear_cross_entropy(h, w, t, reduction=reduction, options=options)
+    return lambda h, w, t: F.linear_cross_entropy(
+        h, w, t, reduction=reduction, label_smoothing=label_smoothing, options=options
+    )
 
 
 def _composed(loss: str, **hyperparameters: float) -> Case:
@@ -86,6 +88,13 @@ OURS = {
     "ours focal(2)": _ours("focal", gamma=2.0),
     "ours adaptive_focal": _ours("adaptive_focal"),
     "ours hard_truncated(0.5)": _ours("hard_truncated", margin=0.5),
+    "ours ce, ls=0.1": _ours("ce", label_smoothing=0.1),
+    "ours gamma_ce(0.5), ls=0.1": _ours("gamma_ce", gamma=0.5, label_smoothing=0.1),
+}
+#: ``name with label smoothing -> (the same loss without it, PyTorch's smoothed chunked CE)``.
+SMOOTHED = {
+    "ours ce, ls=0.1": ("ours ce", "torch chunked CE (mean), ls=0.1"),
+    "ours gamma_ce(0.5), ls=0.1": ("ours gamma_ce(0.5)", "torch chunked CE (mean), ls=0.1"),
 }
 
 
@@ -93,6 +102,7 @@ def all_cases() -> dict[str, Case]:
     return {
         "plain logits + F.cross_entropy": lambda h, w, t: F.cross_entropy(h @ w.T, t),
         BASELINE: _torch_chunked("mean"),
+        "torch chunked CE (mean), ls=0.1": _torch_chunked("mean", label_smoothing=0.1),
         "torch chunked CE (none) + focal(2)": _composed("focal", gamma=2.0),
         "torch chunked CE (none) + gamma_ce(0.5)": _composed("gamma_ce", gamma=0.5),
         **OURS,
@@ -207,6 +217,16 @@ def report(shape, results, args, skipped: str | None) -> tuple[float, float | No
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    for name, (plain, torch_name) in SMOOTHED.items():
+        (seconds, mib), (plain_seconds, plain_mib) = results[name], results[plain]
+        torch_seconds, torch_mib = results[torch_name]
+        line = (
+            f"{name}: time {seconds / plain_seconds:.2f}x {plain}, "
+            f"{seconds / torch_seconds:.2f}x {torch_name}"
+        )
+        if mib and plain_mib and torch_mib:
+            line += f"; peak memory {mib / plain_mib:.2f}x, {mib / torch_mib:.2f}x"
+        print(line)
     worst_time = max(results[name][0] for name in OURS) / base_time
     worst_memory = None
     if base_memory:

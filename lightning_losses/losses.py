@@ -19,7 +19,11 @@ from torch import Tensor, nn
 from . import functional as LF
 from .functional._validation import check_flag, check_loss_options, check_range
 from .functional.adafocal import check_adafocal_bins
-from .functional.binary import check_binary_focal
+from .functional.binary import (
+    check_binary_focal,
+    check_binary_ignore_index,
+    check_pos_weight_values,
+)
 from .functional.exact import check_exact, check_exact_options
 from .functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
 from .functional.multilabel import check_nm
@@ -29,12 +33,18 @@ from .functional.target_probability import (
     check_focal,
     check_gamma_ce,
     check_hard_truncated,
+    check_no_label_smoothing,
 )
 from .functional.truncation import check_soft_truncated
 
 
 def _no_hyperparameters() -> None:
     """The check of a loss without scalar hyper-parameters."""
+
+
+def _is_zero(value: object) -> bool:
+    """Whether ``value`` is a number equal to 0 (the representations omit such smoothing)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 class FunctionalLoss(nn.Module):
@@ -119,13 +129,23 @@ _ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
 def _index_loss_init(
     self: FunctionalLoss,
     *,
+    label_smoothing: float = 0.0,
     weight: Sequence[float] | Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> None:
-    """The options of a loss of class-index targets (the constructor of its subclasses)."""
+    """The options of a loss of class-index targets (the constructor of its subclasses).
+
+    ``label_smoothing`` becomes an attribute where the class lists it in
+    ``hyperparameter_names`` (cross-entropy, gamma cross-entropy); elsewhere only 0 is
+    accepted (:func:`~lightning_losses.functional.target_probability.check_no_label_smoothing`).
+    """
     FunctionalLoss.__init__(self)
+    if "label_smoothing" in type(self).hyperparameter_names:
+        self.label_smoothing = label_smoothing
+    else:
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
     self._set_class_vector("weight", weight)
     self.ignore_index = ignore_index
     self.reduction = reduction
@@ -142,10 +162,12 @@ class CrossEntropyLoss(FunctionalLoss):
     ``criterion/label_smoothing`` and open to a schedule.
 
     The subclasses that compute another loss of the family (``function`` other than
-    cross-entropy: :class:`GammaCrossEntropyLoss`, :class:`SoftAccuracyLoss`...) share
+    cross-entropy: :class:`SoftAccuracyLoss`, :class:`HardTruncatedLoss`...) share
     ``weight``, ``ignore_index``, ``reduction`` and ``validate_args`` but not
-    ``label_smoothing``, which their functions do not take: unless they declare their own
-    constructor, hyper-parameters and check, they get those without it.
+    ``label_smoothing``, which their functions do not define: unless they declare their own
+    constructor, hyper-parameters and check, they get those without it, and their
+    constructor accepts ``label_smoothing=0`` only (anything else is a ``TypeError`` that
+    names the losses taking it). :class:`GammaCrossEntropyLoss` declares it (TaiLr's form).
 
     Example:
         >>> CrossEntropyLoss()(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
@@ -182,43 +204,51 @@ class CrossEntropyLoss(FunctionalLoss):
     ) -> None:
         _index_loss_init(
             self,
+            label_smoothing=label_smoothing,
             weight=weight,
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
         )
-        if "label_smoothing" in type(self).hyperparameter_names:
-            self.label_smoothing = label_smoothing
 
 
 class GammaCrossEntropyLoss(CrossEntropyLoss):
     """TaiLr's gamma cross-entropy (:func:`~lightning_losses.functional.gamma_cross_entropy`).
 
-    ``gamma`` and ``threshold`` are attributes: anneal ``gamma`` from 0 (cross-entropy) towards
-    1 (expected error) with :class:`lightning_losses.callbacks.GammaAnnealing`.
+    ``gamma``, ``threshold`` and ``label_smoothing`` are attributes: anneal ``gamma`` from 0
+    (cross-entropy) towards 1 (expected error) with
+    :class:`lightning_losses.callbacks.GammaAnnealing`; ``label_smoothing`` (``eps`` in
+    ``[0, 1)``) is TaiLr's: ``(1 - eps) * gamma_ce + eps / C * sum_c (-log p_c)``, logged as
+    ``criterion/label_smoothing`` and open to a schedule like ``gamma``. The representation
+    shows it only when it is not 0.
 
     Example:
         >>> loss = GammaCrossEntropyLoss(gamma=0.0)
         >>> loss.gamma = 1.0
         >>> loss(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 - p_t
         tensor(0.2130)
+        >>> loss.label_smoothing = 0.3
+        >>> loss
+        GammaCrossEntropyLoss(gamma=1.0, threshold=0.0, label_smoothing=0.3, reduction='mean')
     """
 
     function = staticmethod(LF.gamma_cross_entropy)
     check = staticmethod(check_gamma_ce)
-    hyperparameter_names = ("gamma", "threshold")
+    hyperparameter_names = ("gamma", "threshold", "label_smoothing")
 
     def __init__(
         self,
         *,
         gamma: float = 0.5,
         threshold: float = 0.0,
+        label_smoothing: float = 0.0,
         weight: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__(
+            label_smoothing=label_smoothing,
             weight=weight,
             ignore_index=ignore_index,
             reduction=reduction,
@@ -226,6 +256,12 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
         )
         self.gamma = gamma
         self.threshold = threshold
+
+    def extra_repr(self) -> str:
+        shown = {**self.hyperparameters(), "reduction": self.reduction}
+        if _is_zero(shown["label_smoothing"]):
+            del shown["label_smoothing"]  # as before label smoothing existed here
+        return ", ".join(f"{name}={value!r}" for name, value in shown.items())
 
 
 class SoftAccuracyLoss(CrossEntropyLoss):
@@ -255,12 +291,14 @@ class HardTruncatedLoss(CrossEntropyLoss):
         self,
         *,
         margin: float = 0.5,
+        label_smoothing: float = 0.0,
         weight: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__(
+            label_smoothing=label_smoothing,
             weight=weight,
             ignore_index=ignore_index,
             reduction=reduction,
@@ -285,12 +323,14 @@ class SoftTruncatedLoss(CrossEntropyLoss):
         self,
         *,
         k: float = 1.0,
+        label_smoothing: float = 0.0,
         weight: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__(
+            label_smoothing=label_smoothing,
             weight=weight,
             ignore_index=ignore_index,
             reduction=reduction,
@@ -316,12 +356,14 @@ class FocalLoss(FunctionalLoss):
         self,
         *,
         gamma: float = 2.0,
+        label_smoothing: float = 0.0,
         alpha: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.gamma = gamma
         self._set_class_vector("alpha", alpha)
         self.ignore_index = ignore_index
@@ -349,12 +391,14 @@ class AdaptiveFocalLoss(FunctionalLoss):
         *,
         thresholds: Sequence[float] = (0.2,),
         gammas: Sequence[float] = (5.0, 3.0),
+        label_smoothing: float = 0.0,
         alpha: Sequence[float] | Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.thresholds = tuple(thresholds)
         self.gammas = tuple(gammas)
         self._set_class_vector("alpha", alpha)
@@ -382,6 +426,7 @@ class AdaFocalLoss(FunctionalLoss):
         num_bins: number of confidence bins, ``>= 1``.
         gamma_initial: every bin's gamma before the first update (any finite real; negative is
             inverse focal).
+        label_smoothing: only 0 is accepted (AdaFocal has no label smoothing).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
         validate_args: check targets, logits and the bins at each call.
@@ -404,11 +449,13 @@ class AdaFocalLoss(FunctionalLoss):
         *,
         num_bins: int = 15,
         gamma_initial: float = 1.0,
+        label_smoothing: float = 0.0,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
         if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
             raise ValueError(f"num_bins must be an integer >= 1; got {num_bins!r}")
         check_range("gamma_initial", gamma_initial)
@@ -453,12 +500,65 @@ class AdaFocalLoss(FunctionalLoss):
         return f"num_bins={self.num_bins}, gammas={[round(g, 4) for g in self.gammas.tolist()]}"
 
 
-class BinaryFocalLoss(FunctionalLoss):
+_BINARY_OPTIONS = ("pos_weight", "ignore_index", "reduction", "validate_args")
+
+
+class _BinaryLoss(FunctionalLoss):
+    """Base of the binary (sigmoid) losses: their options and the check of them.
+
+    ``pos_weight`` (the weight of the positive term, broadcast against the target; one per
+    class for ``[N, C]`` targets) is a buffer, like ``alpha`` of :class:`FocalLoss`: it follows
+    ``.to(device)`` and dtype casts and is saved in the state dict (only when it is set, so a
+    checkpoint saved before this option existed loads into a loss without it).
+    ``ignore_index`` is a plain attribute: an integer outside ``[0, 1]`` or ``None``.
+    """
+
+    option_names = _BINARY_OPTIONS
+    pos_weight: Tensor | None
+
+    def _set_binary_options(
+        self,
+        pos_weight: Sequence[float] | Tensor | None,
+        ignore_index: int | None,
+        reduction: str,
+        validate_args: bool,
+    ) -> None:
+        self._set_class_vector("pos_weight", pos_weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+    def check_hyperparameters(self) -> None:
+        """As :meth:`FunctionalLoss.check_hyperparameters`; ``ignore_index`` may be ``None``.
+
+        ``pos_weight`` must be a floating-point tensor (finite and ``>= 0`` when
+        ``validate_args``); its shape is checked against the target at each call.
+        """
+        type(self).check(**self.hyperparameters())
+        check_loss_options({"reduction": self.reduction, "validate_args": self.validate_args})
+        check_binary_ignore_index(self.ignore_index)
+        check_pos_weight_values(self.pos_weight, validate_args=self.validate_args)
+
+
+class BinaryFocalLoss(_BinaryLoss):
     """Sigmoid focal loss (:func:`~lightning_losses.functional.binary_focal_loss`).
+
+    Args:
+        gamma: focusing parameter, ``>= 0`` (an attribute a schedule may change).
+        alpha: weight of the positive term in ``[0, 1]`` (the negative gets ``1 - alpha``), or
+            ``None``.
+        pos_weight: weights ``>= 0`` of the positive term, broadcast against the target (for
+            ``[N, C]`` targets one per class); a buffer, saved in the state dict.
+        ignore_index: target value left out of the loss (outside ``[0, 1]``), or ``None``.
+        reduction: ``"none"``, ``"mean"`` (over the elements not ignored) or ``"sum"``.
+        validate_args: check targets, logits and ``pos_weight`` at each call.
 
     Example:
         >>> BinaryFocalLoss(gamma=2.0)(torch.tensor([2.0]), torch.tensor([1.0]))
         tensor(0.0018)
+        >>> criterion = BinaryFocalLoss(gamma=0.0, pos_weight=[1.0, 3.0])
+        >>> criterion(torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 1.0]]))  # 2 log 2
+        tensor(1.3863)
     """
 
     function = staticmethod(LF.binary_focal_loss)
@@ -470,21 +570,26 @@ class BinaryFocalLoss(FunctionalLoss):
         *,
         gamma: float = 2.0,
         alpha: float | None = None,
+        pos_weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int | None = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
         self.gamma = gamma
         self.alpha = alpha
-        self.reduction = reduction
-        self.validate_args = validate_args
+        self._set_binary_options(pos_weight, ignore_index, reduction, validate_args)
 
 
-class BinarySoftTruncatedLoss(FunctionalLoss):
+class BinarySoftTruncatedLoss(_BinaryLoss):
     """Sigmoid soft truncation (:func:`~lightning_losses.functional.binary_soft_truncated_loss`).
+
+    ``pos_weight`` (a buffer) and ``ignore_index`` as in :class:`BinaryFocalLoss`.
 
     Example:
         >>> BinarySoftTruncatedLoss(k=1.0)(torch.tensor([2.0]), torch.tensor([1.0]))
+        tensor(0.0151)
+        >>> BinarySoftTruncatedLoss(k=1.0)(torch.tensor([2.0, 0.0]), torch.tensor([1.0, -100.0]))
         tensor(0.0151)
     """
 
@@ -492,15 +597,24 @@ class BinarySoftTruncatedLoss(FunctionalLoss):
     check = staticmethod(check_soft_truncated)
     hyperparameter_names = ("k",)
 
-    def __init__(self, *, k: float = 1.0, reduction: str = "mean", validate_args: bool = True):
+    def __init__(
+        self,
+        *,
+        k: float = 1.0,
+        pos_weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int | None = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
         super().__init__()
         self.k = k
-        self.reduction = reduction
-        self.validate_args = validate_args
+        self._set_binary_options(pos_weight, ignore_index, reduction, validate_args)
 
 
-class BinaryHardTruncatedLoss(FunctionalLoss):
+class BinaryHardTruncatedLoss(_BinaryLoss):
     """Sigmoid hard truncation (:func:`~lightning_losses.functional.binary_hard_truncated_loss`).
+
+    ``pos_weight`` (a buffer) and ``ignore_index`` as in :class:`BinaryFocalLoss`.
 
     Example:
         >>> BinaryHardTruncatedLoss(margin=0.5)(torch.tensor([-1.0]), torch.tensor([1.0]))
@@ -512,12 +626,17 @@ class BinaryHardTruncatedLoss(FunctionalLoss):
     hyperparameter_names = ("margin",)
 
     def __init__(
-        self, *, margin: float = 0.5, reduction: str = "mean", validate_args: bool = True
+        self,
+        *,
+        margin: float = 0.5,
+        pos_weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int | None = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         self.margin = margin
-        self.reduction = reduction
-        self.validate_args = validate_args
+        self._set_binary_options(pos_weight, ignore_index, reduction, validate_args)
 
 
 class EXACTLoss(FunctionalLoss):
@@ -542,11 +661,13 @@ class EXACTLoss(FunctionalLoss):
         sigma: float = 1.0,
         log: bool = False,
         n_nodes: int = 32,
+        label_smoothing: float = 0.0,
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.sigma = sigma
         self.log = log
         self.n_nodes = n_nodes
@@ -625,6 +746,11 @@ class LinearTargetLoss(nn.Module):
         thresholds: ``adaptive_focal`` (default ``(0.2,)``).
         gammas: ``adaptive_focal`` (default ``(5, 3)``).
         margin: ``hard_truncated`` (default 0.5).
+        label_smoothing: ``ce`` and ``gamma_ce`` (default 0): ``eps`` in ``[0, 1)``, the
+            loss ``(1 - eps) * w_t * phi(log p_t) + eps / V * sum_c w_c (-log p_c)`` of
+            :func:`~lightning_losses.functional.cross_entropy` and
+            :func:`~lightning_losses.functional.gamma_cross_entropy` (TaiLr's form), still
+            chunked. The other losses accept only 0. Shown in the representation when not 0.
         class_weight: optional ``[V]`` weight per class (a buffer, saved in the state dict);
             ``"mean"`` divides by the sum of the weights of the counted rows, as
             :func:`torch.nn.functional.cross_entropy` does.
@@ -657,6 +783,7 @@ class LinearTargetLoss(nn.Module):
         thresholds: Sequence[float] | None = None,
         gammas: Sequence[float] | None = None,
         margin: float | None = None,
+        label_smoothing: float | None = None,
         class_weight: Sequence[float] | Tensor | None = None,
         chunk_size: int | None = None,
         ignore_index: int = -100,
@@ -671,6 +798,7 @@ class LinearTargetLoss(nn.Module):
             "thresholds": thresholds,
             "gammas": gammas,
             "margin": margin,
+            "label_smoothing": label_smoothing,
         }
         _, resolved = resolve_loss(loss, {k: v for k, v in given.items() if v is not None})
         self.loss = loss
@@ -734,4 +862,6 @@ class LinearTargetLoss(nn.Module):
 
     def extra_repr(self) -> str:
         shown = {"loss": self.loss, **self.hyperparameters(), "reduction": self.reduction}
+        if _is_zero(shown.get("label_smoothing")):
+            del shown["label_smoothing"]
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())

@@ -458,8 +458,8 @@ def test_default_chunk_size():
 def test_module_hyperparameters_are_schedulable():
     (hidden, weight, bias), target = make_inputs()
     criterion = LinearTargetLoss("gamma_ce", gamma=0.0)
-    assert criterion.hyperparameters() == {"gamma": 0.0, "threshold": 0.0}
-    assert hyperparameter_names(criterion) == ["gamma", "threshold"]
+    assert criterion.hyperparameters() == {"gamma": 0.0, "threshold": 0.0, "label_smoothing": 0.0}
+    assert hyperparameter_names(criterion) == ["gamma", "threshold", "label_smoothing"]
     ce = criterion(hidden, weight, target, bias)
     torch.testing.assert_close(ce, F.cross_entropy(hidden @ weight.T + bias, target))
     criterion.gamma = 1.0
@@ -470,7 +470,8 @@ def test_module_hyperparameters_are_schedulable():
 
 def test_module_arguments():
     criterion = LinearTargetLoss("ce")
-    assert not hasattr(criterion, "gamma") and criterion.hyperparameters() == {}
+    assert not hasattr(criterion, "gamma")
+    assert criterion.hyperparameters() == {"label_smoothing": 0.0}
     assert LinearTargetLoss("focal").gamma == 2.0
     assert LinearTargetLoss("adaptive_focal", gammas=(4, 2)).gammas == (4.0, 2.0)
     with pytest.raises(ValueError, match="no hyper-parameter 'margin'"):

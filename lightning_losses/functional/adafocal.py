@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ._core import target_probability_loss
 from ._validation import check_range
+from .target_probability import check_no_label_smoothing
 
 __all__ = [
     "adafocal_loss",
@@ -90,6 +91,7 @@ def adafocal_loss(
     gammas: Tensor,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """AdaFocal: focal loss whose ``gamma`` is that of the confidence bin ``p_t`` falls into.
@@ -116,6 +118,9 @@ def adafocal_loss(
         gammas: ``[B]`` one gamma per bin, any finite sign.
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits, finite gammas and ordered edges
             (device synchronisations).
 
@@ -128,6 +133,7 @@ def adafocal_loss(
         ...               reduction="none")
         tensor([0.4281, 0.4883])
     """
+    check_no_label_smoothing("AdaFocal", label_smoothing)
     check_adafocal_bins(edges, gammas, validate_args=validate_args)
     return target_probability_loss(
         logits,

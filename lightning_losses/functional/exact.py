@@ -31,6 +31,7 @@ from ._validation import (
     check_reduction,
     check_same_device,
 )
+from .target_probability import check_no_label_smoothing
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
@@ -170,6 +171,7 @@ def exact_loss(
     n_nodes: int = 32,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """EXACT: one minus the probability that the target wins under Gaussian noise
@@ -192,6 +194,9 @@ def exact_loss(
             10-class logits of scale 3).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and that a tensor ``sigma`` is
             finite and positive.
 
@@ -200,6 +205,7 @@ def exact_loss(
         >>> exact_loss(logits, torch.tensor([0, 1]), reduction="none")  # 1 - Phi(d / sqrt 2)
         tensor([0.2398, 0.5000])
     """
+    check_no_label_smoothing("EXACT", label_smoothing)
     check_reduction(reduction)
     check_exact(sigma)
     check_exact_options(log=log, n_nodes=n_nodes)

@@ -47,9 +47,11 @@ from ._validation import (
 from .target_probability import (
     FAMILY,
     check_adaptive_focal,
+    check_cross_entropy,
     check_focal,
     check_gamma_ce,
     check_hard_truncated,
+    check_no_label_smoothing,
 )
 
 __all__ = [
@@ -60,9 +62,10 @@ __all__ = [
 ]
 
 #: Hyper-parameters of each loss and their defaults (those of the plain-logits functions).
+#: ``label_smoothing`` is one of them for the two losses that define it (``ce``, ``gamma_ce``).
 LINEAR_TARGET_LOSSES: dict[str, dict[str, Any]] = {
-    "ce": {},
-    "gamma_ce": {"gamma": 0.5, "threshold": 0.0},
+    "ce": {"label_smoothing": 0.0},
+    "gamma_ce": {"gamma": 0.5, "threshold": 0.0, "label_smoothing": 0.0},
     "soft_accuracy": {},
     "focal": {"gamma": 2.0},
     "adaptive_focal": {"thresholds": (0.2,), "gammas": (5.0, 3.0)},
@@ -71,6 +74,7 @@ LINEAR_TARGET_LOSSES: dict[str, dict[str, Any]] = {
 
 #: The checks of the plain-logits losses, by name: the ranges are the same.
 _CHECKS: dict[str, Callable[..., None]] = {
+    "ce": check_cross_entropy,
     "gamma_ce": check_gamma_ce,
     "focal": check_focal,
     "adaptive_focal": check_adaptive_focal,
@@ -88,13 +92,18 @@ MIN_CHUNK_ROWS = 256
 def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, dict[str, Any]]:
     """``phi`` of ``loss`` and its checked hyper-parameters, defaults filled in.
 
+    The losses without label smoothing accept ``label_smoothing=0`` (and drop it).
+
     Raises:
         ValueError: unknown loss name (the message lists the names), a hyper-parameter the loss
             does not take, or a value out of range.
+        TypeError: ``label_smoothing`` other than 0 for a loss that does not define it.
 
     Example:
         >>> resolve_loss("focal", {"gamma": 1})[1]
         {'gamma': 1.0}
+        >>> resolve_loss("ce", {"label_smoothing": 0.1})[1]
+        {'label_smoothing': 0.1}
     """
     if loss not in LINEAR_TARGET_LOSSES:
         raise ValueError(
@@ -102,6 +111,11 @@ def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, di
             f"{', '.join(LINEAR_TARGET_LOSSES)}"
         )
     defaults = LINEAR_TARGET_LOSSES[loss]
+    if "label_smoothing" in hyperparameters and "label_smoothing" not in defaults:
+        hyperparameters = dict(hyperparameters)
+        check_no_label_smoothing(
+            f"linear_target_loss with loss={loss!r}", hyperparameters.pop("label_smoothing")
+        )
     unknown = sorted(set(hyperparameters) - set(defaults))
     if unknown:
         accepted = ", ".join(defaults) or "none"
@@ -261,6 +275,8 @@ class _Head:
     half_buffer: Tensor | None = None
     row_weight: Tensor | None = None  # [count] class weight of each counted row
     total_weight: float = 0.0  # what "mean" divides by: the count, or the sum of row_weight
+    class_weight: Tensor | None = None  # [V] in dtype, for the label-smoothing term
+    class_weight_sum: float = 0.0  # W = sum of class_weight, or V without it
 
     @classmethod
     def build(
@@ -298,9 +314,12 @@ class _Head:
         if matmul_dtype != dtype and count > 0:
             head.half_buffer = head.logits_buffer(matmul_dtype)
         head.total_weight = float(count)
+        head.class_weight_sum = float(weight.shape[0])
         if class_weight is not None:
+            head.class_weight = class_weight.to(dtype)
+            head.class_weight_sum = float(head.class_weight.sum())
             counted = target if rows is None else target.index_select(0, rows)
-            head.row_weight = class_weight.to(dtype).index_select(0, counted)
+            head.row_weight = head.class_weight.index_select(0, counted)
             head.total_weight = float(head.row_weight.sum()) if count > 0 else 0.0
         return head
 
@@ -408,19 +427,32 @@ def _subtract_onehot(grad_logits: Tensor, target: Tensor, g: Tensor) -> None:
     grad_logits.scatter_add_(1, target.unsqueeze(1), -g.unsqueeze(1))
 
 
+def _smoothing_offset(head: _Head, factor: float) -> Tensor:
+    """``-factor * w`` (``[V]``), or ``-factor`` as a 0-d tensor without class weights."""
+    if head.class_weight is None:
+        return torch.full((), -factor, dtype=head.dtype, device=head.weight.device)
+    return head.class_weight * -factor
+
+
 def _forward_chunks(
     head: _Head,
     phi: Phi,
     hyperparameters: dict[str, Any],
     *,
+    label_smoothing: float = 0.0,
     grads: _Grads | None = None,
     scale: float = 1.0,
     keep_for_backward: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Loss of each counted row; with ``grads``, also accumulate ``scale`` times the gradients.
 
+    With ``label_smoothing = eps`` a row's loss is ``(1 - eps) w_t phi(log p_t) + eps / V
+    sum_c w_c (-log p_c)``; the sum is ``W log(denominator) - sum_c w_c z_c`` with ``z`` the
+    shifted logits (all terms ``>= 0``: no cancellation), and its gradient ``W softmax - w``
+    joins the softmax's scaling in one pass over the chunk.
+
     Returns ``(values [count], lse, derivative)``; the last two (``[count]`` each) only with
-    ``keep_for_backward``.
+    ``keep_for_backward`` (the derivative then includes ``(1 - eps) w_t``).
     """
     device = head.hidden.device
     values = torch.empty(head.count, dtype=head.dtype, device=device)
@@ -429,43 +461,74 @@ def _forward_chunks(
     if head.count == 0:
         return values, lse, derivatives
     buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
+    smooth_factor = label_smoothing / head.weight.shape[0]
+    offset = _smoothing_offset(head, smooth_factor * scale) if label_smoothing else None
+    row_sum_weight = head.class_weight  # a matrix-vector product sums rows fastest
+    if label_smoothing and row_sum_weight is None:
+        row_sum_weight = torch.ones(head.weight.shape[0], dtype=head.dtype, device=device)
     for start, size, index, hidden, target in head.chunks():
         logits = head.logits(hidden, buffer.narrow(0, 0, size))
         shift = logits.amax(1, keepdim=True)
         logits.sub_(shift)
         target_logit = logits.gather(1, target.unsqueeze(1)).squeeze(1)
+        if label_smoothing:  # sum_c w_c z_c, before the logits turn into exponentials
+            weighted_sum = torch.mv(logits, row_sum_weight)
         denominator = logits.clamp_(min=floor).exp_().sum(1)
         log_denominator = denominator.log()
         value, derivative = phi(target_logit - log_denominator, **hyperparameters)
         if head.row_weight is not None:
             row_weight = head.row_weight.narrow(0, start, size)
             value, derivative = value * row_weight, derivative * row_weight
+        if label_smoothing:
+            smooth = head.class_weight_sum * log_denominator - weighted_sum
+            value = (1.0 - label_smoothing) * value + smooth_factor * smooth
+            derivative = (1.0 - label_smoothing) * derivative
         values.narrow(0, start, size).copy_(value)
         if keep_for_backward:
             lse.narrow(0, start, size).copy_(shift.squeeze(1) + log_denominator)
             derivatives.narrow(0, start, size).copy_(derivative)
         if grads is not None:
             g = derivative * -scale
-            logits.mul_((g / denominator).unsqueeze(1))  # g * softmax
+            if label_smoothing:  # softmax (g + s W) - s w, s = scale eps / V: one pass
+                factor = (g + smooth_factor * scale * head.class_weight_sum) / denominator
+                torch.addcmul(offset, logits, factor.unsqueeze(1), out=logits)
+            else:
+                logits.mul_((g / denominator).unsqueeze(1))  # g * softmax
             _subtract_onehot(logits, target, g)
             grads.add_chunk(head, logits, hidden, start, index)
     return values, lse, derivatives
 
 
 def _backward_chunks(
-    head: _Head, lse: Tensor, derivatives: Tensor, grad_rows: Tensor, grads: _Grads
+    head: _Head,
+    lse: Tensor,
+    derivatives: Tensor,
+    grad_rows: Tensor,
+    grads: _Grads,
+    label_smoothing: float = 0.0,
 ) -> None:
     """Recompute each chunk's softmax from ``lse`` and accumulate the gradients for the
-    per-row upstream gradient ``grad_rows`` ``[count]``."""
+    per-row upstream gradient ``grad_rows`` ``[count]`` (with the smoothing term's
+    ``s_i (W softmax - w)``, ``s_i = grad_i eps / V``, when ``label_smoothing = eps``)."""
     if head.count == 0:
         return
     buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
-    g_all = derivatives * -grad_rows.to(head.dtype)
+    grad_rows = grad_rows.to(head.dtype)
+    g_all = derivatives * -grad_rows
+    s_all = grad_rows * (label_smoothing / head.weight.shape[0])
     for start, size, index, hidden, target in head.chunks():
         logits = head.logits(hidden, buffer.narrow(0, 0, size))
         logits.sub_(lse.narrow(0, start, size).unsqueeze(1)).clamp_(min=floor).exp_()
         g = g_all.narrow(0, start, size)
-        logits.mul_(g.unsqueeze(1))
+        if not label_smoothing:
+            logits.mul_(g.unsqueeze(1))
+        else:
+            s = s_all.narrow(0, start, size).unsqueeze(1)
+            factor = g.unsqueeze(1) + s * head.class_weight_sum
+            if head.class_weight is None:
+                torch.addcmul(-s, logits, factor, out=logits)
+            else:
+                logits.mul_(factor).addr_(s.squeeze(1), head.class_weight, alpha=-1)
         _subtract_onehot(logits, target, g)
         grads.add_chunk(head, logits, hidden, start, index)
 
@@ -497,6 +560,7 @@ class _Spec:
     needs: tuple[bool, bool, bool]
     half_matmul: bool
     class_weight: Tensor | None = None
+    label_smoothing: float = 0.0
 
     def head(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor) -> _Head:
         """The rows of one call, as this spec walks them."""
@@ -530,7 +594,11 @@ class _LinearTargetLoss(torch.autograd.Function):
             head = spec.head(hidden, weight, bias, target)
             if spec.reduction == "none":
                 values, lse, derivatives = _forward_chunks(
-                    head, spec.phi, spec.hyperparameters, keep_for_backward=True
+                    head,
+                    spec.phi,
+                    spec.hyperparameters,
+                    label_smoothing=spec.label_smoothing,
+                    keep_for_backward=True,
                 )
                 ctx.save_for_backward(hidden, weight, bias, target, lse, derivatives)
                 return _reduce(head, values, "none")
@@ -538,7 +606,12 @@ class _LinearTargetLoss(torch.autograd.Function):
             scale = 1.0 / head.total_weight if mean else 1.0
             grads = _Grads.zeros(head, spec.needs)
             values, _, _ = _forward_chunks(
-                head, spec.phi, spec.hyperparameters, grads=grads, scale=scale
+                head,
+                spec.phi,
+                spec.hyperparameters,
+                label_smoothing=spec.label_smoothing,
+                grads=grads,
+                scale=scale,
             )
             ctx.grads = grads.finish(weight, bias)
             return _reduce(head, values, spec.reduction)
@@ -555,7 +628,7 @@ class _LinearTargetLoss(torch.autograd.Function):
                 if head.rows is not None:
                     grad_rows = grad_rows.index_select(0, head.rows)
                 grads = _Grads.zeros(head, ctx.needs_input_grad[:3])
-                _backward_chunks(head, lse, derivatives, grad_rows, grads)
+                _backward_chunks(head, lse, derivatives, grad_rows, grads, spec.label_smoothing)
                 grads = grads.finish(weight, bias)
         else:
             grads = ctx.grads
@@ -606,6 +679,15 @@ def linear_target_loss(
     ``hard_truncated``  ``-log p_t`` where ``p_t <= margin``, else 0           ``margin=0.5``
     ==================  =====================================================  ====================================
 
+    ``ce`` and ``gamma_ce`` also take ``label_smoothing=eps`` in ``[0, 1)`` (default 0), with
+    the meaning of :func:`~lightning_losses.functional.cross_entropy` and
+    :func:`~lightning_losses.functional.gamma_cross_entropy` (TaiLr's form): per row
+    ``(1 - eps) * w_t * phi(log p_t) + eps / V * sum_c w_c (-log p_c)``, ``w`` the class
+    weights (all 1 without ``class_weight``). The sum comes from each chunk's logits (``W
+    lse - sum_c w_c x_c``, ``W = sum_c w_c``) and its gradient ``W softmax - w`` joins the
+    chunk's gradient in the same pass: still no ``[N, V]`` tensor. The other losses accept
+    only ``label_smoothing=0`` (a ``TypeError`` otherwise).
+
     The gradient with respect to the logits is ``-phi'(log p_t) (softmax(x) - onehot(t))``,
     so with ``"mean"`` or ``"sum"`` the gradients of ``hidden``, ``weight`` and ``bias`` are
     accumulated in the forward pass and the backward only scales them (it cannot run twice;
@@ -647,7 +729,8 @@ def linear_target_loss(
         validate_args: check target values, that ``hidden``, ``weight`` and ``bias`` are
             finite and that ``class_weight`` is finite and ``>= 0`` (device synchronisations).
             Finding the non-ignored rows synchronises once in any case.
-        **hyperparameters: the loss's keywords above, checked as in the plain-logits loss.
+        **hyperparameters: the loss's keywords above (``label_smoothing`` for ``ce`` and
+            ``gamma_ce``), checked as in the plain-logits loss.
 
     Example:
         >>> hidden = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -659,9 +742,13 @@ def linear_target_loss(
         tensor([0.0109, 0.4883])
         >>> linear_target_loss(hidden, weight, target, loss="gamma_ce", gamma=1.0)  # 1 - p_t
         tensor(0.4398)
+        >>> linear_target_loss(hidden, weight, target, loss="ce", label_smoothing=0.3,
+        ...                    reduction="none")
+        tensor([0.6395, 1.0986])
     """  # noqa: E501
     check_reduction(reduction)
     phi, resolved = resolve_loss(loss, hyperparameters)
+    label_smoothing = resolved.pop("label_smoothing", 0.0)
     check_chunk_size(chunk_size)
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args)
     class_weight = _check_class_weight(class_weight, weight, validate_args)
@@ -682,13 +769,14 @@ def linear_target_loss(
         needs,
         bool(half_matmul),
         class_weight,
+        label_smoothing,
     )
     if any(needs):
         result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, spec)
     else:
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
             head = spec.head(flat_hidden, weight, bias, flat_target)
-            values, _, _ = _forward_chunks(head, phi, resolved)
+            values, _, _ = _forward_chunks(head, phi, resolved, label_smoothing=label_smoothing)
             result = _reduce(head, values, reduction)
     return result.reshape(target.shape) if reduction == "none" else result
 

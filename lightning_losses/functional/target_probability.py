@@ -15,10 +15,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss, target_probability_loss
+from ._core import target_probability_loss
 from ._validation import (
-    check_class_vector,
-    check_index_target,
     check_range,
     check_reduction,
 )
@@ -132,10 +130,50 @@ def check_cross_entropy(label_smoothing: float) -> None:
     check_range("label_smoothing", label_smoothing, low=0.0, high=1.0, high_open=True)
 
 
-def check_gamma_ce(gamma: float, threshold: float) -> None:
-    """``gamma`` and ``threshold`` of gamma cross-entropy, both in ``[0, 1]``."""
+def check_gamma_ce(gamma: float, threshold: float, label_smoothing: float = 0.0) -> None:
+    """``gamma`` and ``threshold`` of gamma cross-entropy, both in ``[0, 1]``, and
+    ``label_smoothing`` in ``[0, 1)``."""
     check_range("gamma", gamma, low=0.0, high=1.0)
     check_range("threshold", threshold, low=0.0, high=1.0)
+    check_cross_entropy(label_smoothing)
+
+
+#: The losses that take ``label_smoothing`` other than 0, for the error of those that do not.
+SMOOTHED_LOSSES = (
+    "cross-entropy and gamma cross-entropy (cross_entropy, gamma_cross_entropy, "
+    "CrossEntropyLoss, GammaCrossEntropyLoss, linear_target_loss with loss='ce' or 'gamma_ce')"
+)
+
+
+def check_no_label_smoothing(loss: str, label_smoothing: object) -> None:
+    """Accept ``label_smoothing == 0`` (any real zero) and reject every other value.
+
+    The losses without label smoothing take ``label_smoothing=0`` so that a config can switch
+    its loss and keep the key; anything else is an error that says which losses take it.
+
+    Raises:
+        TypeError: ``label_smoothing`` other than 0 (NaN, a string, ``True`` included).
+
+    Example:
+        >>> check_no_label_smoothing("focal loss", 0.0)
+        >>> check_no_label_smoothing("focal loss", 0.1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: focal loss does not take label_smoothing (got 0.1): ...
+    """
+    value = label_smoothing
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return
+    raise TypeError(
+        f"{loss} does not take label_smoothing (got {label_smoothing!r}): only "
+        f"{SMOOTHED_LOSSES} do, where it mixes eps / C times the cross-entropy of every class "
+        f"into the loss. {loss[0].upper() + loss[1:]} has no single definition of label "
+        "smoothing (smoothing the target inside the loss and adding a uniform term give "
+        "different losses); smooth the target yourself or use cross_entropy / "
+        "gamma_cross_entropy"
+    )
 
 
 def check_focal(gamma: float) -> None:
@@ -170,38 +208,6 @@ def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -
 # --- the losses --------------------------------------------------------------------------------
 
 
-def _smoothed_cross_entropy(
-    logits: Tensor,
-    target: Tensor,
-    label_smoothing: float,
-    weight: Tensor | None,
-    ignore_index: int,
-    reduction: str,
-    validate_args: bool,
-) -> Tensor:
-    """Cross-entropy against ``(1 - eps) onehot(t) + eps / C``, from one log-softmax."""
-    check_reduction(reduction)
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
-    weight = check_class_vector("weight", weight, logits, validate_args=validate_args)
-    num_classes = logits.shape[1]
-    log_p = torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=1)  # [N, C, *]
-    valid = target != ignore_index
-    safe_target = torch.where(valid, target, 0).long()
-    target_log_p = log_p.gather(1, safe_target.unsqueeze(1)).squeeze(1)  # [N, *]
-    if weight is None:
-        class_sum = log_p.sum(dim=1)
-        element_weight = None
-    else:
-        weight = weight.to(log_p.dtype)
-        class_sum = (log_p * weight.view(-1, *[1] * (logits.dim() - 2))).sum(dim=1)
-        element_weight = weight[safe_target] * valid
-        target_log_p = target_log_p * element_weight
-    loss = -(1.0 - label_smoothing) * target_log_p - (label_smoothing / num_classes) * class_sum
-    loss = torch.where(valid, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-    denominator = valid.sum() if element_weight is None else element_weight.sum()
-    return reduce_loss(loss, reduction, denominator)
-
-
 def cross_entropy(
     logits: Tensor,
     target: Tensor,
@@ -226,9 +232,11 @@ def cross_entropy(
         loss = (1 - eps) * w_t * (-log p_t) + eps / C * sum_c w_c * (-log p_c)
 
     and ``"mean"`` divides the sum over the non-ignored elements by the sum of their ``w_t``
-    (their number without ``weight``), as PyTorch does. The smoothing term is computed in log
-    space from one log-softmax of the logits (``[N, C, *]`` in memory, as in PyTorch's
-    kernel); ``eps = 0`` takes the fused path of the family, which keeps none.
+    (their number without ``weight``), as PyTorch does. For ``[N, C]`` logits the smoothing
+    term is summed in the fused chunks of the family (``sum_c w_c (-log p_c)`` from each
+    chunk's log-softmax; its gradient ``W softmax - w``, ``W = sum_c w_c``, added in the
+    backward's one pass), so smoothing keeps no ``[N, C]`` tensor for backward, unlike
+    PyTorch's kernel; ``[N, C, *]`` logits keep one log-softmax, as PyTorch does.
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -253,16 +261,6 @@ def cross_entropy(
         tensor([0.6395, 1.0986])
     """
     check_cross_entropy(label_smoothing)
-    if label_smoothing != 0:
-        return _smoothed_cross_entropy(
-            logits,
-            target,
-            float(label_smoothing),
-            weight,
-            ignore_index,
-            reduction,
-            validate_args,
-        )
     return target_probability_loss(
         logits,
         target,
@@ -270,6 +268,7 @@ def cross_entropy(
         weight=weight,
         ignore_index=ignore_index,
         reduction=reduction,
+        label_smoothing=label_smoothing,
         validate_args=validate_args,
     )
 
@@ -280,6 +279,7 @@ def gamma_cross_entropy(
     *,
     gamma: float = 0.5,
     threshold: float = 0.0,
+    label_smoothing: float = 0.0,
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -295,20 +295,42 @@ def gamma_cross_entropy(
     down-weighted on samples the model finds unlikely. With ``threshold = b > 0`` it is TaiLr's
     training form ``-max(b, w) log p_t`` with ``w`` held constant (no gradient through ``w``).
 
+    Label smoothing follows TaiLr's released criterion (``tailr_loss`` of its fairseq code),
+    which computes, with ``nll = -log p_t``, ``smooth = -sum_c log p_c`` over the ``C``
+    classes and ``w = exp(log p_t - log(gamma + (1-gamma) p_t))`` clamped to
+    ``[min_weight, 1]`` and detached::
+
+        loss = (1 - eps) * w * nll + eps / C * smooth
+
+    With ``threshold = b > 0`` this loss is exactly that, values and gradients, with
+    ``min_weight = b`` (``w <= 1`` always). With ``threshold = 0`` the closed form above has
+    the gradient of TaiLr's ``w * nll`` (``w`` detached, ``min_weight = 0``) but another value,
+    so the value is ``(1 - eps) * gamma_ce + eps / C * smooth`` and the gradient TaiLr's.
+    ``gamma = 0`` is :func:`torch.nn.functional.cross_entropy` with ``label_smoothing=eps``.
+    TaiLr has no class weights; with ``weight`` the loss is that of :func:`cross_entropy`:
+    ``(1 - eps) * w_t * gamma_ce + eps / C * sum_c w_c (-log p_c)``, and ``"mean"`` divides by
+    the sum of ``w_t`` over the non-ignored elements. For ``[N, C]`` logits the smoothing term
+    is computed in the fused chunks (no ``[N, C]`` tensor kept for backward).
+
     Source: Ji et al., "Tailoring Language Generation Models under Total Variation Distance"
-    (ICLR 2023).
+    (ICLR 2023), and its released fairseq criterion for label smoothing.
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
         target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
         gamma: in ``[0, 1]``.
         threshold: ``b`` in ``[0, 1]``; 0 uses the closed form above.
+        label_smoothing: ``eps``, a real number in ``[0, 1)``; 0 is no smoothing.
         weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
             the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+
+    Raises:
+        ValueError: ``gamma``, ``threshold`` or ``label_smoothing`` out of range or NaN
+            (``TypeError`` if one is not a real number).
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -317,8 +339,10 @@ def gamma_cross_entropy(
         tensor([0.2252, 0.8109])
         >>> gamma_cross_entropy(logits, target, gamma=1.0, reduction="none")  # 1 - p_t
         tensor([0.2130, 0.6667])
+        >>> gamma_cross_entropy(logits, target, gamma=0.5, label_smoothing=0.3, reduction="none")
+        tensor([0.6295, 0.8972])
     """
-    check_gamma_ce(gamma, threshold)
+    check_gamma_ce(gamma, threshold, label_smoothing)
     return target_probability_loss(
         logits,
         target,
@@ -326,6 +350,7 @@ def gamma_cross_entropy(
         weight=weight,
         ignore_index=ignore_index,
         reduction=reduction,
+        label_smoothing=label_smoothing,
         validate_args=validate_args,
         gamma=float(gamma),
         threshold=float(threshold),
@@ -339,6 +364,7 @@ def soft_accuracy_loss(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy
@@ -351,6 +377,9 @@ def soft_accuracy_loss(
             the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
 
@@ -359,6 +388,7 @@ def soft_accuracy_loss(
         >>> soft_accuracy_loss(logits, torch.tensor([0, 2]), reduction="none")
         tensor([0.2130, 0.6667])
     """
+    check_no_label_smoothing("soft accuracy loss", label_smoothing)
     return target_probability_loss(
         logits,
         target,
@@ -407,6 +437,7 @@ def focal_loss(
     alpha: Tensor | Sequence[float] | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Focal loss ``-alpha_t (1-p_t)^gamma log p_t``
@@ -427,6 +458,9 @@ def focal_loss(
             normaliser).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
 
@@ -435,6 +469,7 @@ def focal_loss(
         >>> focal_loss(logits, torch.tensor([0, 2]), gamma=2.0, reduction="none")
         tensor([0.0109, 0.4883])
     """
+    check_no_label_smoothing("focal loss", label_smoothing)
     check_focal(gamma)
     return _focal_family(
         logits,
@@ -457,6 +492,7 @@ def adaptive_focal_loss(
     alpha: Tensor | Sequence[float] | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Focal loss whose ``gamma`` is picked per sample from ``p_t`` (sample-dependent focal).
@@ -475,6 +511,9 @@ def adaptive_focal_loss(
         alpha: ``None``, or one weight per class (``[C]``), finite and ``>= 0``.
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
 
@@ -483,6 +522,7 @@ def adaptive_focal_loss(
         >>> adaptive_focal_loss(logits, torch.tensor([0, 2]), reduction="none")
         tensor([0.0023, 0.3255])
     """
+    check_no_label_smoothing("adaptive focal loss", label_smoothing)
     check_adaptive_focal(thresholds, gammas)
     return _focal_family(
         logits,
@@ -505,6 +545,7 @@ def hard_truncated_loss(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Hard truncation
@@ -523,6 +564,9 @@ def hard_truncated_loss(
             the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
 
@@ -531,6 +575,7 @@ def hard_truncated_loss(
         >>> hard_truncated_loss(logits, torch.tensor([0, 2]), margin=0.5, reduction="none")
         tensor([0.0000, 1.0986])
     """
+    check_no_label_smoothing("hard truncation", label_smoothing)
     check_hard_truncated(margin)
     return target_probability_loss(
         logits,

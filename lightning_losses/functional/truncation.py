@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ._core import compute_dtype, reduce_loss, target_log_prob
 from ._validation import check_class_vector, check_index_target, check_range, check_reduction
+from .target_probability import check_no_label_smoothing
 
 
 def check_soft_truncated(k: float) -> None:
@@ -24,6 +25,7 @@ def soft_truncated_loss(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
     """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t``
@@ -44,6 +46,9 @@ def soft_truncated_loss(
             the sum of the weights of the non-ignored elements (0 if that sum is 0).
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
 
@@ -52,6 +57,7 @@ def soft_truncated_loss(
         >>> soft_truncated_loss(logits, torch.tensor([0, 2]), k=1.0, reduction="none")
         tensor([0.0152, 0.3662])
     """
+    check_no_label_smoothing("soft truncation", label_smoothing)
     check_soft_truncated(k)
     check_reduction(reduction)
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
