@@ -36,7 +36,7 @@ def hyperparameter_names(criterion: Any) -> list[str]:
     Example:
         >>> from lightning_losses import GammaCrossEntropyLoss
         >>> hyperparameter_names(GammaCrossEntropyLoss())
-        ['gamma', 'threshold']
+        ['gamma', 'threshold', 'label_smoothing']
     """
     method = getattr(criterion, "hyperparameters", None)
     if callable(method):
