@@ -479,3 +479,37 @@ def test_monitor_probs_check_skips_ignored_rows(tmp_path):
     monitor = CalibrationMonitor(input_format="probs", ignore_index=IGNORE)
     with pytest.raises(ValueError, match="sum to 1"):
         validate(PaddedProbs(spoil_a_kept_row=True), monitor, x, target)
+
+
+# ----------------------------------------------------------------------------------------------
+# the netcal bridge
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["multiclass", "binary"])
+@pytest.mark.parametrize("input_format", FORMATS)
+def test_netcal_bridge_drops_ignored_samples(task, input_format, tmp_path):
+    from lightning_losses.calibration.netcal_bridge import (
+        netcal_metrics,
+        netcal_reliability_diagram,
+        to_netcal,
+    )
+
+    preds, target = make(task, input_format, n=200, classes=5)
+    kept = target != IGNORE
+    options = {"n_bins": 10, "input_format": input_format}
+    got = netcal_metrics(preds, target, ignore_index=IGNORE, **options)
+    assert got == netcal_metrics(preds[kept], target[kept], **options)
+    probs, labels = to_netcal(preds, target, input_format=input_format, ignore_index=IGNORE)
+    assert labels.tolist() == target[kept].tolist() and probs.shape[0] == int(kept.sum())
+    if task == "multiclass":  # and netcal's ECE is ours on the kept samples
+        ours = calibration_error(preds, target, ignore_index=IGNORE, **options)
+        # from float32 logits our log-sum-exp is float32, netcal's softmax float64
+        tolerance = 1e-9 if input_format == "probs" else 1e-6
+        assert got["ece"] == pytest.approx(ours.item(), abs=tolerance)
+    netcal_reliability_diagram(
+        preds, target, path=tmp_path / "n.png", ignore_index=IGNORE, **options
+    )
+    assert (tmp_path / "n.png").stat().st_size > 1000
+    with pytest.raises(TypeError, match="ignore_index"):
+        to_netcal(preds, target, input_format=input_format, ignore_index=1.5)

@@ -37,7 +37,11 @@ def _to_tensor(x: Any) -> Tensor:
 
 
 def to_netcal(
-    preds: Tensor | np.ndarray, target: Tensor | np.ndarray, *, input_format: str = "probs"
+    preds: Tensor | np.ndarray,
+    target: Tensor | np.ndarray,
+    *,
+    input_format: str = "probs",
+    ignore_index: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Convert predictions and labels to the NumPy arrays netcal expects.
 
@@ -49,10 +53,12 @@ def to_netcal(
         preds: probabilities or logits, ``[N, C]`` or ``[N]``.
         target: integer labels ``[N]`` in ``[0, C)``, or in ``{0, 1}`` for binary ``preds``.
         input_format: ``"probs"`` or ``"logits"``.
+        ignore_index: the samples whose label equals it are dropped first (netcal has no such
+            option); ``None`` keeps all.
 
     Returns:
         ``(confidences, labels)``: float64 probabilities of the shape of ``preds`` and int64
-        labels ``[N]``.
+        labels ``[N]`` (the kept samples).
 
     Raises:
         ValueError: for an unknown ``input_format``, bad shapes, labels out of range,
@@ -77,6 +83,12 @@ def to_netcal(
         raise ValueError(
             f"target must be [N] with N = {preds_t.shape[0]}, got {tuple(target_t.shape)}"
         )
+    if ignore_index is not None:
+        from .functional import check_ignore_index
+
+        check_ignore_index(ignore_index)
+        kept = target_t != ignore_index
+        preds_t, target_t = preds_t[kept], target_t[kept]
     if preds_t.shape[0] == 0:
         raise ValueError("need at least one sample")
     if target_t.is_floating_point() and not torch.equal(target_t, target_t.round()):
@@ -102,10 +114,13 @@ def to_netcal(
 
 
 def _netcal_input(
-    preds: Tensor | np.ndarray, target: Tensor | np.ndarray, input_format: str
+    preds: Tensor | np.ndarray,
+    target: Tensor | np.ndarray,
+    input_format: str,
+    ignore_index: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`to_netcal`, reduced to the top-label pair for ``C > 2`` (see the module notes)."""
-    probs, labels = to_netcal(preds, target, input_format=input_format)
+    probs, labels = to_netcal(preds, target, input_format=input_format, ignore_index=ignore_index)
     if probs.ndim == 2 and probs.shape[1] > 2:
         correct = (probs.argmax(axis=1) == labels).astype(np.int64)
         return probs.max(axis=1), correct
@@ -118,6 +133,7 @@ def netcal_metrics(
     *,
     n_bins: int = 15,
     input_format: str = "probs",
+    ignore_index: int | None = None,
 ) -> dict[str, float]:
     """netcal's expected, maximum and adaptive calibration errors.
 
@@ -138,13 +154,14 @@ def netcal_metrics(
         target: integer labels ``[N]``.
         n_bins: number of bins.
         input_format: ``"probs"`` or ``"logits"``.
+        ignore_index: the samples whose label equals it are left out; ``None`` keeps all.
 
     Returns:
         ``{"ece": ..., "mce": ..., "ace": ...}`` as Python floats.
     """
     from netcal.metrics import ACE, ECE, MCE
 
-    x, y = _netcal_input(preds, target, input_format)
+    x, y = _netcal_input(preds, target, input_format, ignore_index)
     metrics = {"ece": ECE, "mce": MCE, "ace": ACE}
     return {name: float(cls(bins=n_bins).measure(x, y)) for name, cls in metrics.items()}
 
@@ -157,6 +174,7 @@ def netcal_reliability_diagram(
     n_bins: int = 15,
     input_format: str = "probs",
     title_suffix: str | None = None,
+    ignore_index: int | None = None,
 ) -> Figure:
     """Draw netcal's ``ReliabilityDiagram`` and save it to ``path``.
 
@@ -171,6 +189,7 @@ def netcal_reliability_diagram(
         n_bins: number of equal-width bins.
         input_format: ``"probs"`` or ``"logits"``.
         title_suffix: appended to netcal's panel titles.
+        ignore_index: the samples whose label equals it are left out; ``None`` keeps all.
 
     Returns:
         The saved figure.
@@ -179,7 +198,7 @@ def netcal_reliability_diagram(
     from matplotlib.figure import Figure
     from netcal.presentation import ReliabilityDiagram
 
-    x, y = _netcal_input(preds, target, input_format)
+    x, y = _netcal_input(preds, target, input_format, ignore_index)
     fig = Figure(figsize=(7.0, 6.0), dpi=100)
     FigureCanvasAgg(fig)
     ReliabilityDiagram(bins=n_bins, metric="ECE").plot(x, y, fig=fig, title_suffix=title_suffix)
