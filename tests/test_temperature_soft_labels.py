@@ -198,3 +198,72 @@ def test_temperature_scaling_callback_with_ignore_index(tmp_path):
         assert callback.report[key] == pytest.approx(report[key], abs=1e-6), key
     with pytest.raises(TypeError, match="ignore_index"):
         TemperatureScalingCallback(ignore_index="pad")
+
+
+class SoftLabelClassifier(pl.LightningModule):
+    """Nothing of lightning_losses: [N, C] logits and [N, C] soft labels (distillation-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.layer(x) * 5
+
+    def training_step(self, batch, batch_idx):
+        x, q = batch
+        return F.cross_entropy(self(x), q)  # PyTorch's soft-target cross-entropy
+
+    def validation_step(self, batch, batch_idx):
+        x, q = batch
+        return {"logits": self(x), "target": q}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def soft_trainer(tmp_path, callback):
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+        default_root_dir=tmp_path,
+    )
+
+
+def test_temperature_scaling_callback_with_soft_labels(tmp_path):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(120, 6, generator=gen)
+    q = soft_labels(torch.randint(0, 5, (120,), generator=gen), 5).float()
+    loader = DataLoader(TensorDataset(x, q), batch_size=32)  # 120 = 3 x 32 + 24
+    module = SoftLabelClassifier()
+    callback = TemperatureScalingCallback(soft_labels=True)
+    soft_trainer(tmp_path, callback).fit(module, loader, loader)
+    with torch.no_grad():
+        logits = module(x)
+    fitted = callback.report["temperature"]
+    # the soft NLL, written plainly, is at its minimum there (within the fit's tolerance)
+    best = minimize_scalar(
+        lambda t: plain_soft_nll(logits, q, t), bounds=(0.05, 20), method="bounded"
+    ).x
+    assert fitted == pytest.approx(best, rel=1e-3)
+    assert callback.report["nll_after"] == pytest.approx(plain_soft_nll(logits, q, fitted), 1e-5)
+
+    # without soft_labels=True the [N, C] targets are multi-label ones: skipped, with a hint
+    plain = TemperatureScalingCallback()
+    with pytest.warns(UserWarning, match="soft_labels=True"):
+        soft_trainer(tmp_path, plain).fit(SoftLabelClassifier(), loader, loader)
+    assert plain.report == {}
+
+
+def test_soft_labels_with_ignore_index_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="ignore_index applies to integer class labels"):
+        TemperatureScalingCallback(soft_labels=True, ignore_index=IGNORE)
+    with pytest.raises(TypeError, match="soft_labels must be True or False"):
+        TemperatureScalingCallback(soft_labels="yes")

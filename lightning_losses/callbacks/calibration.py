@@ -473,8 +473,11 @@ class TemperatureScalingCallback(Callback):
     are gathered first (:func:`all_gather_uneven`: processes may hold different numbers of
     samples, as with :class:`~lightning_losses.data.UnpaddedDistributedSampler`), so the fit
     is that of one process over the whole validation set. Multiclass ``[N, C]`` and binary
-    ``[N]`` logits (n-by-m tasks are flattened to multiclass); multi-label outputs are skipped
-    with a warning.
+    ``[N]`` logits (n-by-m tasks are flattened to multiclass); ``[N, C]`` float targets are
+    multi-label outputs, skipped with a warning, unless ``soft_labels=True`` says they are soft
+    labels (each row a distribution over the classes: annotator votes, mixup or distillation
+    targets), which the fit then takes as :meth:`TemperatureScaler.fit
+    <lightning_losses.calibration.scaling.TemperatureScaler.fit>` does.
 
     With ``apply_to_model=True`` the model's ``temperature`` attribute (such as that of
     :class:`lightning_losses.models.ClassifierModule`) is multiplied by the fitted value, so
@@ -487,6 +490,12 @@ class TemperatureScalingCallback(Callback):
         apply_to_model: scale ``pl_module.temperature`` by the fitted temperature.
         ignore_index: leave out the samples whose target equals it (padding tokens), in the
             fit and in the report; ``None`` keeps all.
+        soft_labels: ``[N, C]`` float targets are soft labels (rows summing to 1), not
+            multi-label ones; cannot be combined with ``ignore_index``.
+
+    Example:
+        >>> TemperatureScalingCallback(soft_labels=True).soft_labels
+        True
     """
 
     def __init__(
@@ -495,15 +504,24 @@ class TemperatureScalingCallback(Callback):
         max_iter: int = 100,
         apply_to_model: bool = False,
         ignore_index: int | None = None,
+        soft_labels: bool = False,
     ):
         if ignore_index is not None:
             from lightning_losses.functional._validation import check_ignore_index
 
             check_ignore_index(ignore_index)
+        if not isinstance(soft_labels, bool):
+            raise TypeError(f"soft_labels must be True or False; got {soft_labels!r}")
+        if soft_labels and ignore_index is not None:
+            raise ValueError(
+                "ignore_index applies to integer class labels; with soft_labels=True leave it "
+                f"None and drop the rows of soft labels instead (got ignore_index={ignore_index})"
+            )
         self.n_bins = n_bins
         self.max_iter = max_iter
         self.apply_to_model = apply_to_model
         self.ignore_index = ignore_index
+        self.soft_labels = soft_labels
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
         self.report: dict[str, float] = {}
@@ -567,8 +585,11 @@ class TemperatureScalingCallback(Callback):
             rank_zero_warn("TemperatureScalingCallback: no validation outputs to fit on")
             return
         logits, target = gathered
-        if logits.dim() == 2 and target.dim() == 2:
-            rank_zero_warn("TemperatureScalingCallback: multi-label outputs are not scaled")
+        if logits.dim() == 2 and target.dim() == 2 and not self.soft_labels:
+            rank_zero_warn(
+                "TemperatureScalingCallback: multi-label outputs are not scaled (pass "
+                "soft_labels=True if the [N, C] targets are soft labels)"
+            )
             return
         scaler = TemperatureScaler(max_iter=self.max_iter)
         scaler.fit(logits, target, ignore_index=self.ignore_index)
