@@ -24,6 +24,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
+from ..functional._validation import check_flag
 from . import functional as CF
 from .functional import InputFormat, Norm, Task
 
@@ -563,8 +564,7 @@ class CalibrationSummary(_EqualWidthMetric):
         super().__init__(
             num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
         )
-        if not isinstance(smooth, bool):
-            raise TypeError(f"smooth must be True or False; got {smooth!r}")
+        check_flag("smooth", smooth)
         self.smooth = smooth
         zero = torch.zeros((), dtype=torch.float64)
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):

@@ -16,6 +16,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_losses.functional._validation import check_flag
+
 STAGES = ("val", "test")
 #: Names under which a module may log a quantity the monitor computes (the monitor then leaves
 #: it to the module): ClassifierModule logs its accuracy as ``<stage>/acc``.
@@ -197,8 +199,7 @@ class CalibrationMonitor(Callback):
             CF.check_ignore_index(ignore_index)
         if diagram_every_n_epochs < 0:
             raise ValueError(f"diagram_every_n_epochs must be >= 0; got {diagram_every_n_epochs}")
-        if not isinstance(smooth, bool):
-            raise TypeError(f"smooth must be True or False; got {smooth!r}")
+        check_flag("smooth", smooth)
         self.n_bins = n_bins
         self.input_format = input_format
         self.diagram_every_n_epochs = diagram_every_n_epochs
@@ -510,8 +511,7 @@ class TemperatureScalingCallback(Callback):
             from lightning_losses.functional._validation import check_ignore_index
 
             check_ignore_index(ignore_index)
-        if not isinstance(soft_labels, bool):
-            raise TypeError(f"soft_labels must be True or False; got {soft_labels!r}")
+        check_flag("soft_labels", soft_labels)
         if soft_labels and ignore_index is not None:
             raise ValueError(
                 "ignore_index applies to integer class labels; with soft_labels=True leave it "
