@@ -12,9 +12,11 @@ dtypes only (never by the values):
 ``input_format`` says whether ``preds`` are probabilities (``"probs"``, the default) or logits
 (``"logits"``: softmax over classes for multiclass, sigmoid otherwise). Nothing is guessed
 from value ranges; with ``validate_args=True`` probabilities outside [0, 1], multiclass rows
-that do not sum to 1 (within ``max(1e-3, 4 eps)`` of the dtype: 1e-3 for float32 and float64),
-NaN and infinite logits and out-of-range targets raise instead. ``preds`` and ``target`` must
-be on one device.
+that do not sum to 1 (within ``max(1e-3, 4 eps)`` of the dtype: 1e-3 for float32 and float64,
+3.9e-3 for float16, 0.031 for bfloat16; a float32 or float64 row whose values are all exactly
+bfloat16 or float16 numbers, such as a half-precision softmax cast up, gets the tolerance of
+that half dtype), NaN and infinite logits and out-of-range targets raise instead. ``preds`` and
+``target`` must be on one device.
 
 ``ignore_index`` (default ``None``: every sample counts), as in torchmetrics: the entries of
 ``target`` equal to it are dropped before anything is computed or checked, and do not count in
@@ -188,7 +190,9 @@ def _check_preds_values(
     ``low``, ``high`` (the minimum and maximum of ``preds``) and ``row_sums`` (multiclass
     probabilities) save passes when the caller has them; the missing ones are computed here.
     Multiclass rows must sum to 1 within :func:`~lightning_losses.functional._validation.
-    sum_tolerance` of the dtype (1e-3 for float32 and float64).
+    sum_tolerance` of the dtype (1e-3 for float32 and float64), or that of bfloat16 or float16
+    for rows whose values are exactly numbers of that dtype (see :func:`~lightning_losses.
+    functional._validation.sum_tolerances`).
     """
     if preds.numel() == 0:
         return
@@ -219,6 +223,7 @@ def _check_preds_values(
             preds.dtype,
             over="the classes of each row",
             hint=" (input_format='probs'; pass input_format='logits' for logits)",
+            values=preds,
         )
 
 
@@ -412,7 +417,8 @@ def confidence_and_correct(
             shapes.
         validate_args: check target values, that probabilities lie in [0, 1] (and, for
             multiclass, that each row sums to 1 within 1e-3 for float32 and float64, 4 eps of
-            half dtypes) and that logits are finite.
+            half dtypes, and of bfloat16 or float16 for rows holding only such numbers: half
+            precision cast up) and that logits are finite.
         ignore_index: drop the samples (multi-label: the single labels) whose target equals it
             before anything else; ``None`` keeps all (see the module doc).
 

@@ -94,7 +94,9 @@ def _check_inputs(
         y = target.to(torch.float64)
         if not bool(((y >= 0) & (y <= 1)).all()):
             raise ValueError("target soft labels must be probabilities in [0, 1] (and not NaN)")
-        check_sums_to_one("target", y.sum(dim=1), target.dtype, over="the classes of each row")
+        check_sums_to_one(
+            "target", y.sum(dim=1), target.dtype, over="the classes of each row", values=y
+        )
     elif logits.ndim == 2:
         y = target.long()
         if y.min() < 0 or y.max() >= logits.shape[1]:
@@ -158,8 +160,9 @@ def fit_temperature(
     Args:
         logits: held-out logits ``[N, C]`` (``C >= 2``), or ``[N]`` binary logits.
         target: class labels ``[N]`` (integers); soft labels ``[N, C]`` (float probabilities,
-            each row summing to 1 within 1e-3 for float32 and float64, used as given) for
-            ``[N, C]`` logits; or 0/1 for binary logits.
+            each row summing to 1 within 1e-3 for float32 and float64, or within 0.031 for a
+            row of bfloat16 numbers cast up, used as given) for ``[N, C]`` logits; or 0/1 for
+            binary logits.
         max_iter: maximum number of L-BFGS iterations.
         ignore_index: rows whose integer label equals it are left out (``None``: keep all).
             Not for soft labels: drop their rows instead.

@@ -14,6 +14,7 @@ from typing_extensions import override
 from lightning_losses.functional.adafocal import adafocal_update, check_adafocal_update
 
 from .calibration import all_gather_uneven, artifact_loggers, calibration_inputs, figure_folder
+from .outputs import OutputAdapter, OutputsSpec
 
 
 def adafocal_criterion(pl_module: pl.LightningModule) -> Any:
@@ -56,9 +57,9 @@ class AdaFocalUpdate(Callback):
     epoch of ``fit`` (not the sanity check), this callback
 
     1. takes each validation sample's top-label confidence ``max softmax`` (in float64) and
-       correctness, from the ``{"logits", "target"}`` dict ``validation_step`` returns, as
-       ``CalibrationMonitor`` reads it; targets equal to the criterion's ``ignore_index`` are
-       left out;
+       correctness, from the ``{"logits", "target"}`` dict ``validation_step`` returns (or
+       what ``outputs`` reads), as ``CalibrationMonitor`` reads it; targets equal to the
+       criterion's ``ignore_index`` are left out;
     2. splits them into ``num_bins`` equal-mass bins (the edges interpolate the sorted
        confidences, :func:`~lightning_losses.calibration.functional.equal_mass_edges`) and
        computes each bin's gap ``E_k = mean confidence - accuracy``;
@@ -80,7 +81,8 @@ class AdaFocalUpdate(Callback):
     bin's gamma below) beside the calibration diagrams, and logs it to MLflow.
 
     Works in any LightningModule with a ``criterion`` attribute that is an ``AdaFocalLoss``
-    and a ``validation_step`` that returns ``{"logits": ..., "target": ...}``; both are checked
+    and a ``validation_step`` that returns ``{"logits": ..., "target": ...}`` (or another output
+    that ``outputs`` reads, see :mod:`lightning_losses.callbacks.outputs`); both are checked
     before any training step (the criterion at setup, the output on the first sanity-check
     batch).
 
@@ -92,6 +94,8 @@ class AdaFocalUpdate(Callback):
         diagram_every_n_epochs: also draw the diagram every so many validation epochs (0:
             only the final one).
         final_diagram: draw the diagram of the last update when training ends.
+        outputs: how to read the logits and targets from what ``validation_step`` returns, as
+            ``CalibrationMonitor``'s ``outputs`` (``None``: the ``{"logits", "target"}`` dict).
 
     Example:
         >>> from lightning_losses.callbacks import AdaFocalUpdate
@@ -107,8 +111,11 @@ class AdaFocalUpdate(Callback):
         gamma_max: float = 20.0,
         diagram_every_n_epochs: int = 0,
         final_diagram: bool = True,
+        outputs: OutputsSpec = None,
     ) -> None:
         check_adafocal_update(lambda_, switch_point, gamma_min, gamma_max)
+        self._read = OutputAdapter(outputs, owner="AdaFocalUpdate")
+        self.outputs = outputs
         if isinstance(diagram_every_n_epochs, bool) or not isinstance(diagram_every_n_epochs, int):
             raise TypeError(
                 f"diagram_every_n_epochs must be an integer; got {diagram_every_n_epochs!r}"
@@ -170,7 +177,8 @@ class AdaFocalUpdate(Callback):
     ) -> None:
         if trainer.state.fn != "fit":
             return
-        logits, target = calibration_inputs(outputs, pl_module)  # checked on the sanity batch
+        # checked on the sanity batch
+        logits, target = calibration_inputs(outputs, pl_module, self._read)
         if trainer.sanity_checking:
             return
         if logits.dim() > 2:  # [N, C, *]: one prediction per position

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.functional._validation import check_flag
+from lightning_losses.functional._validation import check_flag, sum_tolerances
+
+from .outputs import OutputAdapter, OutputsSpec
 
 STAGES = ("val", "test")
 #: Names under which a module may log a quantity the monitor computes (the monitor then leaves
@@ -26,22 +28,18 @@ ALIASES = {"accuracy": ("accuracy", "acc")}
 DiagramState = tuple[tuple[Tensor, ...], tuple[Tensor, Tensor] | None]
 
 
-def calibration_inputs(outputs: Any, pl_module: pl.LightningModule) -> tuple[Tensor, Tensor]:
+def calibration_inputs(
+    outputs: Any, pl_module: pl.LightningModule, adapter: OutputAdapter | None = None
+) -> tuple[Tensor, Tensor]:
     """``(logits, target)`` from a ``validation_step`` output, reshaped for the metrics.
 
-    ``[N, n, m]`` logits of n-by-m tasks become ``[N * n, m]`` with ``[N * n]`` targets (each task
-    is a multiclass prediction); everything else is passed as it is.
+    ``adapter`` reads them (:class:`~lightning_losses.callbacks.outputs.OutputAdapter`; ``None``
+    reads the default ``{"logits", "target"}`` dict). ``[N, n, m]`` logits of n-by-m tasks
+    become ``[N * n, m]`` with ``[N * n]`` targets (each task is a multiclass prediction);
+    everything else is passed as it is.
     """
-    if not isinstance(outputs, Mapping) or "logits" not in outputs or "target" not in outputs:
-        got = type(outputs).__name__
-        if isinstance(outputs, Mapping):
-            got = f"a dict with keys {sorted(outputs)}"
-        raise ValueError(
-            f"the calibration callbacks need {type(pl_module).__name__}.validation_step (and "
-            "test_step) to return a dict with 'logits' and 'target' (LossMixin."
-            f"validation_output(logits, target) builds it); got {got}"
-        )
-    logits, target = outputs["logits"].detach(), outputs["target"].detach()
+    read = adapter if adapter is not None else OutputAdapter(owner="CalibrationMonitor")
+    logits, target = read(outputs, type(pl_module).__name__)
     if logits.dim() == 3 and target.dim() == 2:
         logits, target = logits.flatten(0, 1), target.flatten()
     return logits, target
@@ -109,7 +107,9 @@ class CalibrationMonitor(Callback):
     """Log calibration metrics each validation (and test) epoch, and save reliability diagrams.
 
     Works with any LightningModule whose ``validation_step`` returns ``{"logits": ...,
-    "target": ...}`` (:meth:`lightning_losses.LossMixin.validation_output`). Per stage it logs,
+    "target": ...}`` (:meth:`lightning_losses.LossMixin.validation_output`), or any other output
+    that ``outputs`` reads (a key mapping or a callable, see
+    :mod:`lightning_losses.callbacks.outputs`). Per stage it logs,
     through ``pl_module.log`` so that every logger gets them: ``<stage>/ece``, ``<stage>/mce``,
     ``<stage>/rmsce`` (equal-width bins), ``<stage>/brier``, ``<stage>/nll``,
     ``<stage>/accuracy``, ``<stage>/confidence``, and optionally ``<stage>/adaptive_ece``,
@@ -145,11 +145,13 @@ class CalibrationMonitor(Callback):
 
     With ``input_format="probs"`` the first batch of each validation (sanity check included,
     so before any training step) and test epoch is checked: values in [0, 1] and, for
-    multiclass ``[N, C]``, rows that sum to 1 (within 1e-3); otherwise a ``ValueError`` says
-    what was seen (a model that returns logits would silently give a wrong ECE). The first
-    batch's multiclass targets are checked too: each in ``[0, C)`` or equal to
-    ``ignore_index``; a padding value such as -100 without ``ignore_index`` is a ``ValueError``
-    that names the criterion's ``ignore_index`` when the module has one.
+    multiclass ``[N, C]``, rows that sum to 1 (within the calibration functions' tolerance:
+    1e-3 for float32 and float64, 3.9e-3 for float16 and 0.031 for bfloat16 values, also when
+    cast to a wider dtype; see :func:`~lightning_losses.functional._validation.sum_tolerances`);
+    otherwise a ``ValueError`` says what was seen (a model that returns logits would silently
+    give a wrong ECE). The first batch's multiclass targets are checked too: each in ``[0, C)``
+    or equal to ``ignore_index``; a padding value such as -100 without ``ignore_index`` is a
+    ``ValueError`` that names the criterion's ``ignore_index`` when the module has one.
 
     ``ignore_index`` (default ``None``: every target counts) drops the samples whose target
     equals it before every metric, as torchmetrics does: set it to the criterion's
@@ -171,6 +173,11 @@ class CalibrationMonitor(Callback):
         smooth: also log the smooth ECE and save the smoothed reliability diagram (a grid of
             16,385 float64 pairs per stage, summed across processes; the automatic bandwidth
             search costs a few milliseconds per epoch).
+        outputs: how to read the logits and targets from what ``validation_step`` (and
+            ``test_step``) returns: ``None`` for the ``{"logits", "target"}`` dict, a mapping
+            such as ``{"logits": "y_hat", "target": "y"}`` (dict keys) or ``{"logits": 0,
+            "target": 1}`` (tuple positions), a callable ``outputs -> (logits, target)`` or
+            its import path (see :mod:`lightning_losses.callbacks.outputs`).
 
     Example:
         >>> monitor = CalibrationMonitor(n_bins=10, diagram_every_n_epochs=5)
@@ -178,6 +185,8 @@ class CalibrationMonitor(Callback):
         (10, 'logits', True)
         >>> CalibrationMonitor(ignore_index=-100).ignore_index  # padded token targets
         -100
+        >>> CalibrationMonitor(outputs={"logits": "y_hat", "target": "y"}).outputs
+        {'logits': 'y_hat', 'target': 'y'}
     """
 
     def __init__(
@@ -190,9 +199,12 @@ class CalibrationMonitor(Callback):
         classwise: bool = False,
         ignore_index: int | None = None,
         smooth: bool = False,
+        outputs: OutputsSpec = None,
     ) -> None:
         from lightning_losses.calibration import functional as CF
 
+        self._read = OutputAdapter(outputs, owner="CalibrationMonitor")
+        self.outputs = outputs
         CF.check_n_bins(n_bins)
         CF.check_choice("input_format", input_format, CF.INPUT_FORMATS)
         if ignore_index is not None:
@@ -247,7 +259,7 @@ class CalibrationMonitor(Callback):
     def _update(
         self, stage: str, outputs: Any, pl_module: pl.LightningModule, *, accumulate: bool = True
     ) -> None:
-        logits, target = calibration_inputs(outputs, pl_module)
+        logits, target = calibration_inputs(outputs, pl_module, self._read)
         if stage not in self._checked:
             self._check_targets(stage, logits, target, pl_module)
             self._check_probabilities(stage, logits, target)
@@ -308,7 +320,7 @@ class CalibrationMonitor(Callback):
             probs, target = probs[keep], target[keep]
             if probs.numel() == 0:
                 return
-        probs = probs.float()
+        dtype, probs = probs.dtype, probs.float()
         low, high = (float(v) for v in torch.aminmax(probs))
         if math.isnan(low) or math.isnan(high):
             seen = "NaN values"
@@ -316,7 +328,8 @@ class CalibrationMonitor(Callback):
             seen = f"values outside [0, 1]: min {low:.4g}, max {high:.4g}"
         elif probs.dim() == 2 and target.dim() == 1:  # multiclass [N, C]
             sums = probs.sum(dim=1)
-            if float((sums - 1.0).abs().max()) <= 1e-3:
+            tolerances = sum_tolerances(sums, dtype, values=probs)  # None: all within 1e-3
+            if tolerances is None or bool(((sums - 1.0).abs() <= tolerances).all()):
                 return
             seen = f"rows that do not sum to 1: sums from {float(sums.min()):.4g} to "
             seen += f"{float(sums.max()):.4g}"
@@ -493,6 +506,9 @@ class TemperatureScalingCallback(Callback):
             fit and in the report; ``None`` keeps all.
         soft_labels: ``[N, C]`` float targets are soft labels (rows summing to 1), not
             multi-label ones; cannot be combined with ``ignore_index``.
+        outputs: how to read the logits and targets from what ``validation_step`` returns, as
+            :class:`CalibrationMonitor`'s ``outputs`` (``None``: the ``{"logits", "target"}``
+            dict).
 
     Example:
         >>> TemperatureScalingCallback(soft_labels=True).soft_labels
@@ -506,7 +522,10 @@ class TemperatureScalingCallback(Callback):
         apply_to_model: bool = False,
         ignore_index: int | None = None,
         soft_labels: bool = False,
+        outputs: OutputsSpec = None,
     ):
+        self._read = OutputAdapter(outputs, owner="TemperatureScalingCallback")
+        self.outputs = outputs
         if ignore_index is not None:
             from lightning_losses.functional._validation import check_ignore_index
 
@@ -550,7 +569,8 @@ class TemperatureScalingCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        logits, target = calibration_inputs(outputs, pl_module)  # checked in the sanity check too
+        # checked in the sanity check too
+        logits, target = calibration_inputs(outputs, pl_module, self._read)
         if trainer.sanity_checking:
             return
         self._logits.append(logits.float())

@@ -280,6 +280,15 @@ def check_finite(name: str, tensor: Tensor) -> None:
     )
 
 
+#: Half-precision dtypes whose probabilities are often cast up before they are checked, loosest
+#: tolerance first: a float32 or float64 row whose values are all exactly numbers of one of
+#: them is held to that dtype's tolerance (see :func:`sum_tolerances`).
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+#: Elements of the rows looked at again per chunk by :func:`sum_tolerances` (bounds the copies).
+_RECHECK_CHUNK_ELEMENTS = 1 << 20
+
+
 def sum_tolerance(dtype: torch.dtype) -> float:
     """How far from 1 a sum of probabilities stored in ``dtype`` may be: ``max(1e-3, 4 eps)``.
 
@@ -296,10 +305,74 @@ def sum_tolerance(dtype: torch.dtype) -> float:
     return max(1e-3, 4 * torch.finfo(dtype).eps)
 
 
+def _half_exact(rows: Tensor, half: torch.dtype) -> Tensor:
+    """Which of the rows ``[M, C]`` hold only values that ``half`` represents exactly."""
+    return (rows.to(half).to(rows.dtype) == rows).all(dim=-1)
+
+
+def sum_tolerances(sums: Tensor, dtype: torch.dtype, values: Tensor | None = None) -> Tensor | None:
+    """The tolerance of each sum, or ``None`` when every sum is within ``sum_tolerance(dtype)``.
+
+    For float32 and float64 ``dtype``, a sum outside ``sum_tolerance(dtype)`` whose summed
+    ``values`` (``values.sum(-1)`` is ``sums``) are all exactly bfloat16 numbers gets
+    bfloat16's tolerance (0.031), else, all exactly float16 numbers, float16's (3.9e-3). So
+    probabilities computed in half precision and cast up, such as ``torch.softmax(x.bfloat16(),
+    1).float()`` (rounding each probability moves a row's sum by less than bfloat16's ``eps / 2
+    = 2**-8``, whatever the number of classes), are judged as in their own dtype. Sums of other
+    values, all sums when ``values`` is ``None``, and half dtypes keep ``sum_tolerance(dtype)``.
+    Only the rows outside it are looked at again (in chunks), so a passing input costs one
+    reduction and no copy.
+
+    Args:
+        sums: the sums, any shape (one per distribution).
+        dtype: the dtype of the summed values.
+        values: the summed values, ``sums.shape + (C,)``, or ``None``.
+
+    Returns:
+        ``None``, or float64 tolerances of the shape of ``sums``.
+
+    Example:
+        >>> probs = torch.softmax(torch.tensor([[2.0, 0.0]]).bfloat16(), 1).float()
+        >>> sum_tolerances(probs.sum(1), probs.dtype) is None  # sums to 0.998: not within 1e-3
+        False
+        >>> sum_tolerances(probs.sum(1), probs.dtype, probs)  # bfloat16 values: bfloat16's
+        tensor([0.0312], dtype=torch.float64)
+    """
+    if sums.numel() == 0:
+        return None
+    tolerance = sum_tolerance(dtype)
+    low, high = torch.aminmax(sums.detach())  # one reduction; NaN propagates and fails
+    if bool((low >= 1 - tolerance) & (high <= 1 + tolerance)):
+        return None
+    tolerances = torch.full(sums.shape, tolerance, dtype=torch.float64, device=sums.device)
+    if values is None or dtype not in (torch.float32, torch.float64):
+        return tolerances  # a half dtype keeps its own tolerance
+    outside = ((sums.detach().to(torch.float64) - 1).abs() > tolerance).nonzero()
+    step = max(1, _RECHECK_CHUNK_ELEMENTS // max(values.shape[-1], 1))
+    for start in range(0, outside.shape[0], step):
+        index = outside[start : start + step].unbind(1)
+        rows = values.detach()[index]
+        found = torch.full_like(tolerances[index], tolerance)
+        for half in reversed(HALF_DTYPES):  # the loosest last, so that it wins
+            found = torch.where(_half_exact(rows, half), sum_tolerance(half), found)
+        tolerances[index] = found
+    return tolerances
+
+
 def check_sums_to_one(
-    name: str, sums: Tensor, dtype: torch.dtype, *, over: str, hint: str = ""
+    name: str,
+    sums: Tensor,
+    dtype: torch.dtype,
+    *,
+    over: str,
+    hint: str = "",
+    values: Tensor | None = None,
 ) -> None:
-    """Raise unless every entry of ``sums`` is within :func:`sum_tolerance` of 1 (NaN fails).
+    """Raise unless every entry of ``sums`` is within its tolerance of 1 (NaN fails).
+
+    The tolerance is :func:`sum_tolerance` of ``dtype``, or, given the summed ``values``, that
+    of bfloat16 or float16 for sums of values that are exactly numbers of that dtype (see
+    :func:`sum_tolerances`).
 
     Args:
         name: the argument whose sums these are.
@@ -307,20 +380,27 @@ def check_sums_to_one(
         dtype: the dtype of the summed probabilities (sets the tolerance).
         over: what was summed, for the message (e.g. ``"the classes of each row"``).
         hint: appended to the message.
+        values: the summed values (``sums.shape + (C,)``), or ``None``.
     """
-    if sums.numel() == 0:
-        return
-    tolerance = sum_tolerance(dtype)
-    low, high = torch.aminmax(sums.detach())  # one reduction; NaN propagates and fails
-    if bool((low >= 1 - tolerance) & (high <= 1 + tolerance)):
+    tolerances = sum_tolerances(sums, dtype, values)
+    if tolerances is None:
         return
     deviation = (sums.detach().to(torch.float64) - 1).abs()
-    worst = torch.where(torch.isnan(deviation), math.inf, deviation).flatten().argmax()
+    deviation = torch.where(torch.isnan(deviation), math.inf, deviation)
+    bad = deviation > tolerances
+    if not bool(bad.any()):
+        return
+    worst = torch.where(bad, deviation, -1.0).flatten().argmax()
     index = list(torch.unravel_index(worst, sums.shape))
     where = ", ".join(str(int(i)) for i in index)
+    tolerance = float(tolerances.flatten()[worst])
+    kind = f"{dtype}"
+    if tolerance != sum_tolerance(dtype):
+        half = next(h for h in HALF_DTYPES if sum_tolerance(h) == tolerance)
+        kind += f" holding {half} values"
     raise ValueError(
         f"{name} must hold probabilities that sum to 1 over {over} (within {tolerance:g} for "
-        f"{dtype}); found a sum of {sums.flatten()[worst].item()!r} at [{where}]{hint}"
+        f"{kind}); found a sum of {sums.flatten()[worst].item()!r} at [{where}]{hint}"
     )
 
 
