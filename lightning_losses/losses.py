@@ -158,8 +158,9 @@ class CrossEntropyLoss(FunctionalLoss):
     ``label_smoothing`` (``eps`` in ``[0, 1)``) has the meaning it has in
     :class:`torch.nn.CrossEntropyLoss`: the loss against ``(1 - eps) onehot(t) + eps / C``,
     class weights included. It is a hyper-parameter like ``gamma`` of the other losses: an
-    attribute read at each call, checked by :meth:`check_hyperparameters`, logged as
-    ``criterion/label_smoothing`` and open to a schedule.
+    attribute read at each call, checked by :meth:`check_hyperparameters` and open to a
+    schedule (which :class:`~lightning_losses.mixins.LossMixin` logs as
+    ``criterion/label_smoothing``).
 
     The subclasses that compute another loss of the family (``function`` other than
     cross-entropy: :class:`SoftAccuracyLoss`, :class:`HardTruncatedLoss`...) share
@@ -218,8 +219,8 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
     ``gamma``, ``threshold`` and ``label_smoothing`` are attributes: anneal ``gamma`` from 0
     (cross-entropy) towards 1 (expected error) with
     :class:`lightning_losses.callbacks.GammaAnnealing`; ``label_smoothing`` (``eps`` in
-    ``[0, 1)``) is TaiLr's: ``(1 - eps) * gamma_ce + eps / C * sum_c (-log p_c)``, logged as
-    ``criterion/label_smoothing`` and open to a schedule like ``gamma``. The representation
+    ``[0, 1)``) is TaiLr's: ``(1 - eps) * gamma_ce + eps / C * sum_c (-log p_c)``, open to a
+    schedule like ``gamma`` (then logged as ``criterion/label_smoothing``). The representation
     shows it only when it is not 0.
 
     Example:

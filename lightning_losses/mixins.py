@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
@@ -120,6 +121,51 @@ def criterion_hyperparameters(criterion: Any) -> dict[str, float]:
     }
 
 
+def scheduled_hyperparameters(callbacks: Iterable[Any]) -> set[str]:
+    """The criterion hyper-parameters that the callbacks change during training.
+
+    Each callback with a ``changed_hyperparameters()`` method names the attributes it sets
+    (:class:`~lightning_losses.callbacks.LossScheduler` and ``GammaAnnealing``: their
+    ``attribute``; :class:`~lightning_losses.callbacks.LossSwitch`: the names whose values
+    differ between its criteria); other callbacks name none.
+
+    Example:
+        >>> from lightning_losses.callbacks import GammaAnnealing, LossSwitch
+        >>> switch = LossSwitch([{"name": "focal", "gamma": 1.0}, "focal"], milestones=[2])
+        >>> sorted(scheduled_hyperparameters([GammaAnnealing(), switch, object()]))
+        ['gamma']
+    """
+    names: set[str] = set()
+    for callback in callbacks:
+        changed = getattr(callback, "changed_hyperparameters", None)
+        if callable(changed):
+            names.update(changed())
+    return names
+
+
+@dataclass
+class _CriterionLog:
+    """Which criterion values a fit logs: what schedules set, and what changed since its start.
+
+    Attributes:
+        trainer: ``id()`` of the fit's trainer: another trainer starts a new record (as does
+            :meth:`LossMixin.on_fit_start`).
+        first: each hyper-parameter's first value in the fit, by name.
+        changed: the names whose value has differed from its first value.
+    """
+
+    trainer: int
+    first: dict[str, float] = field(default_factory=dict)
+    changed: set[str] = field(default_factory=set)
+
+    def update(self, values: Mapping[str, float]) -> set[str]:
+        """Record the current values; the names that have changed since their first value."""
+        for name, value in values.items():
+            if self.first.setdefault(name, value) != value:
+                self.changed.add(name)
+        return self.changed
+
+
 class LossMixin:
     """Give any LightningModule a swappable ``self.criterion``.
 
@@ -132,7 +178,7 @@ class LossMixin:
 
             def training_step(self, batch, batch_idx):
                 x, y = batch
-                return self.compute_loss(self(x), y)  # also logs criterion/gamma
+                return self.compute_loss(self(x), y)  # logs criterion/gamma if scheduled
 
             def validation_step(self, batch, batch_idx):
                 x, y = batch
@@ -158,7 +204,11 @@ class LossMixin:
         return criterion
 
     def compute_loss(self, logits: Tensor, target: Tensor, *, log: bool = True) -> Tensor:
-        """``self.criterion(logits, target)``; in training also logs ``criterion/<name>``."""
+        """``self.criterion(logits, target)``; in training also logs ``criterion/<name>``.
+
+        Only the hyper-parameters that change in the fit are logged (see
+        :meth:`log_criterion_hyperparameters`).
+        """
         if getattr(self, "criterion", None) is None:
             raise AttributeError(
                 f"{type(self).__name__} has no criterion: call self.set_criterion(...) in __init__"
@@ -174,9 +224,33 @@ class LossMixin:
             return False
 
     def log_criterion_hyperparameters(self) -> None:
-        """Log each numeric hyper-parameter of the criterion as ``criterion/<name>``."""
-        for name, value in criterion_hyperparameters(self.criterion).items():
-            self.log(f"criterion/{name}", value, on_step=True, on_epoch=False)
+        """Log the criterion's hyper-parameters that change in this fit as ``criterion/<name>``.
+
+        A value changes when a callback sets it (:func:`scheduled_hyperparameters`: a
+        ``LossScheduler``, ``GammaAnnealing`` or ``LossSwitch`` of the trainer; logged from the
+        first step) or when it differs from its first value in this fit (anything else that
+        sets it; logged from that step on). The constants are the run's params (the config),
+        not metrics.
+        """
+        values = criterion_hyperparameters(self.criterion)
+        if not values:
+            return
+        trainer = self.trainer
+        record = getattr(self, "_criterion_log", None)
+        if record is None or record.trainer != id(trainer):
+            record = _CriterionLog(id(trainer))
+            self._criterion_log = record
+        logged = record.update(values) | scheduled_hyperparameters(trainer.callbacks)
+        for name, value in values.items():
+            if name in logged:
+                self.log(f"criterion/{name}", value, on_step=True, on_epoch=False)
+
+    def on_fit_start(self) -> None:
+        """Start this fit's record of criterion values (:meth:`log_criterion_hyperparameters`)."""
+        self._criterion_log = None
+        parent = getattr(super(), "on_fit_start", None)
+        if parent is not None:
+            parent()
 
     @staticmethod
     def validation_output(

@@ -236,7 +236,8 @@ class ClassifierModule(LossMixin, L.LightningModule):
 
     Logged: ``train/loss``, ``train/acc`` (each step, this process's batch: ``*_step``; and the
     epoch's exact mean over every process's samples: ``*_epoch``),
-    ``criterion/<hyper-parameter>`` (each training step), ``time/epoch_seconds`` (the slowest
+    ``criterion/<hyper-parameter>`` (each training step, for the values a schedule or switch
+    changes; the constants are params), ``time/epoch_seconds`` (the slowest
     process's), and per validation (and test) epoch ``val/loss``, ``val/acc``, ``val/nll``
     (``test/*``). Every value logged on epoch level is reduced across DDP processes, so no
     ``sync_dist`` warning is due. ``validation_step`` returns ``{"loss", "logits", "target"}``

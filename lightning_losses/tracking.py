@@ -35,6 +35,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -532,7 +533,9 @@ class TrackingLogger(MLFlowLogger):
         save_dir: local folder for run files (made absolute): ``<save_dir>/<experiment
             id>/<run id>/`` holds the checkpoints, the reliability diagrams and, if the server
             fails, the spool.
-        log_model: log the best checkpoint as an artifact at the end of fit.
+        log_model: log the best checkpoint as the artifact ``checkpoints/<name>.ckpt`` at the
+            end of fit; with a local store the artifact is a hard link to the file in the run
+            folder (stored once, see :meth:`link_artifact`), with a server a copy.
         run_id: continue this run (the CLI fills it in from a checkpoint on resume).
         resume_step: with ``run_id``, the global step of the checkpoint this fit resumes from
             (the CLI fills it in on ``fit --ckpt_path``). When the run starts, the logger
@@ -764,12 +767,21 @@ class TrackingLogger(MLFlowLogger):
             self._spool({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}}, error)
 
     @rank_zero_only
-    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+    def log_file(
+        self, path: str | Path, artifact_path: str | None = None, *, link: bool = False
+    ) -> None:
         """Log a local file as an artifact of the run (spooled by path if the server fails).
 
         A file this logger logged already to the same ``artifact_path``, unchanged since (same
         size and modification time), is not sent again: the best checkpoint is logged at the
-        end of every ``fit`` and ``test`` of the logger, and is stored once.
+        end of every ``fit`` and ``test`` of the logger.
+
+        Args:
+            path: the file.
+            artifact_path: the artifact folder (``None``: the run's artifact root).
+            link: when the run's artifacts are a local folder (a local store), make the
+                artifact a hard link to ``path`` instead of a copy, so that the file is stored
+                once (:meth:`link_artifact`); a server's store gets a copy, as without it.
         """
         key = (os.path.realpath(path), artifact_path)
         try:
@@ -782,16 +794,61 @@ class TrackingLogger(MLFlowLogger):
                 return
             self._logged_files[key] = version
         try:
-            self.experiment.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
+            if not (link and self.link_artifact(path, artifact_path)):
+                self.experiment.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
         except Exception as error:
             record = {"kind": "artifact", "path": str(Path(path).resolve())}
             self._spool({**record, "artifact_path": artifact_path}, error)
 
+    def local_artifact_dir(self) -> Path | None:
+        """The run's artifact folder when its artifact store is local (``file:``), else ``None``.
+
+        With the default local store (``sqlite:///mlflow.db``) it is
+        ``<save_dir>/artifacts/<run id>/artifacts``.
+        """
+        uri = self.experiment.get_run(self.run_id).info.artifact_uri
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+            return None
+        return Path(urllib.request.url2pathname(parsed.path))
+
+    def link_artifact(self, path: str | Path, artifact_path: str | None = None) -> bool:
+        """Make ``path`` an artifact of the run by a hard link into its local artifact folder.
+
+        The artifact and ``path`` are then one file on disk (one inode, stored once; deleting
+        either name keeps the other); the link replaces an artifact of the same name.
+
+        Returns:
+            Whether the link was made: ``False`` when the artifact store is not a local
+            folder (a server) or the file system refuses the link (another device, no hard
+            links); then log a copy instead.
+        """
+        folder = self.local_artifact_dir()
+        if folder is None:
+            return False
+        target = folder / (artifact_path or "") / Path(path).name
+        staged = target.with_name(f".{target.name}.link")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() and os.path.samefile(path, target):
+                return True
+            staged.unlink(missing_ok=True)
+            os.link(path, staged)
+            os.replace(staged, target)  # whole or not at all: never a half-written artifact
+        except OSError:
+            staged.unlink(missing_ok=True)
+            return False
+        return True
+
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        # Lightning calls this after every save; keep the callback that tracks a best model
-        # (the one with a monitor), not the monitor-less one that rewrites last.ckpt.
-        if self._checkpoint_callback is None or getattr(checkpoint_callback, "monitor", None):
+        # Lightning calls this after every save; keep the first callback that tracks a best
+        # model (one with a monitor: the config's first, ``trainer.checkpoint_callback``), not
+        # LastCheckpoint nor a monitor-less or later one a user added.
+        kept = self._checkpoint_callback
+        if kept is None or (
+            getattr(checkpoint_callback, "monitor", None) and not getattr(kept, "monitor", None)
+        ):
             self._checkpoint_callback = checkpoint_callback
 
     @rank_zero_only
@@ -801,7 +858,7 @@ class TrackingLogger(MLFlowLogger):
         callback = self._checkpoint_callback
         best = getattr(callback, "best_model_path", "") if callback is not None else ""
         if self._log_best_checkpoint and best and Path(best).exists():
-            self.log_file(best, artifact_path="checkpoints")
+            self.log_file(best, artifact_path="checkpoints", link=True)
         mlflow_status = "FINISHED" if status in ("success", "finished") else "FAILED"
         try:
             self.experiment.set_terminated(self.run_id, mlflow_status)
@@ -872,12 +929,41 @@ def view_command(tracking_uri: str) -> str:
     return f"mlflow ui --backend-store-uri {tracking_uri}"
 
 
-def describe_run(logger: Any, checkpoint_dirs: Iterable[str]) -> str:
-    """One line saying where a fit's MLflow run and checkpoints are, and how to look at them.
+#: The validation metrics a fit's closing summary reports, in this order (those logged).
+SUMMARY_METRICS = ("val/acc", "val/nll", "val/ece")
+
+
+def final_values(metrics: Mapping[str, Any], keys: Sequence[str] = SUMMARY_METRICS) -> str:
+    """``"val/acc 0.9123, val/nll 0.3012"``: the ``keys`` found in ``metrics``, 4 decimals.
+
+    Example:
+        >>> final_values({"val/nll": 0.30121, "val/acc": 0.9, "train/loss": 1.0})
+        'val/acc 0.9000, val/nll 0.3012'
+        >>> final_values({})
+        ''
+    """
+    return ", ".join(f"{key} {float(metrics[key]):.4f}" for key in keys if key in metrics)
+
+
+def describe_run(
+    logger: Any,
+    checkpoint_dirs: Iterable[str],
+    metrics: Mapping[str, Any] | None = None,
+    diagram: str | Path | None = None,
+) -> str:
+    """A few lines on a finished fit: its run, final validation values, diagram, files, viewer.
 
     Args:
         logger: an ``MLFlowLogger`` (such as :class:`TrackingLogger`) whose run has started.
         checkpoint_dirs: the folders the fit's checkpoints were written to.
+        metrics: the values logged last (``trainer.callback_metrics``): ``val/acc``,
+            ``val/nll`` and ``val/ece`` are shown, 4 decimals, those present.
+        diagram: the last reliability diagram written (``CalibrationMonitor.last_diagram``).
+
+    Returns:
+        The run line (run id, experiment, tracking URI), then one line each, indented, for the
+        final validation values, the reliability diagram (when there are such), the checkpoint
+        folder and the command to see the run.
     """
     uri = str(logger._tracking_uri)
     name = getattr(logger, "_experiment_name", None)
@@ -887,10 +973,25 @@ def describe_run(logger: Any, checkpoint_dirs: Iterable[str]) -> str:
         except Exception:
             pass
     folders = ", ".join(dict.fromkeys(str(d) for d in checkpoint_dirs if d)) or "none"
-    return (
-        f"MLflow run {logger.run_id} (experiment {name!r}) in {uri}; checkpoints in {folders}; "
-        f"to see it: {view_command(uri)}"
-    )
+    lines = [f"MLflow run {logger.run_id} (experiment {name!r}) in {uri}"]
+    values = final_values(metrics or {})
+    if values:
+        lines.append(f"  final validation: {values}")
+    if diagram:
+        lines.append(f"  reliability diagram: {diagram}")
+    lines.append(f"  checkpoints: {folders}")
+    lines.append(f"  to see it: {view_command(uri)}")
+    return "\n".join(lines)
+
+
+def last_diagram(callbacks: Iterable[Any]) -> Path | None:
+    """The last reliability diagram a callback wrote (its ``last_diagram``), if any."""
+    found = None
+    for callback in callbacks:
+        path = getattr(callback, "last_diagram", None)
+        if path:
+            found = Path(path)
+    return found
 
 
 class TrackingConfigCallback(SaveConfigCallback):
@@ -907,8 +1008,9 @@ class TrackingConfigCallback(SaveConfigCallback):
     the MLflow run id, experiment id and tracking URI under ``checkpoint["tracking"]``.
 
     On rank 0 it prints one line when a fit starts (:func:`describe_fit`: the criterion and
-    the ``describe()`` of each callback that changes it) and one when it ends
-    (:func:`describe_run`: the run id, experiment, tracking URI, checkpoint folder and how to
+    the ``describe()`` of each callback that changes it) and a few when it ends
+    (:func:`describe_run`: the run id, experiment and tracking URI; the final ``val/acc``,
+    ``val/nll`` and ``val/ece``; the last reliability diagram; the checkpoint folder; how to
     see the run).
     """
 
@@ -956,9 +1058,12 @@ class TrackingConfigCallback(SaveConfigCallback):
         if not trainer.is_global_zero:
             return
         folders = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
+        metrics = trainer.callback_metrics
+        diagram = last_diagram(trainer.callbacks)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger._run_id is not None:
-                print(f"lightning-losses fit: {describe_run(logger, folders)}", flush=True)
+                summary = describe_run(logger, folders, metrics, diagram)
+                print(f"lightning-losses fit: {summary}", flush=True)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
         for logger in trainer.loggers:

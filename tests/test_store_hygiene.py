@@ -173,9 +173,11 @@ def test_each_param_once_without_none_values(two_fits):
 
 def test_module_metrics_logged_once_each(two_fits):
     _, _, client, _, runs, _ = two_fits
-    for run in runs.values():
+    for name, run in runs.items():
         metrics = run.data.metrics
-        for key in ("val/acc", "val/nll", "val/loss", "train/loss_epoch", "criterion/gamma"):
+        scheduled = ["criterion/gamma"] if name == "a" else []  # b's fixed gamma is a param
+        assert ("criterion/gamma" in metrics) == (name == "a")
+        for key in ("val/acc", "val/nll", "val/loss", "train/loss_epoch", *scheduled):
             assert key in metrics
             history = client.get_metric_history(run.info.run_id, key)
             assert len({m.step for m in history}) == len(history)  # one value per step
@@ -196,11 +198,12 @@ def test_summary_lines(two_fits):
         run = runs[name]
         checkpoints = folder / "mlflow_runs" / experiment.experiment_id / run.info.run_id
         end_line = (
-            f"lightning-losses fit: MLflow run {run.info.run_id} (experiment 'hygiene') in "
-            f"{uri}; checkpoints in {checkpoints / 'checkpoints'}; to see it: mlflow ui "
-            f"--backend-store-uri {uri}"
+            f"lightning-losses fit: MLflow run {run.info.run_id} (experiment 'hygiene') in {uri}"
         )
         assert lines == [start_line, end_line]
+        closing = out.splitlines()[out.splitlines().index(end_line) + 1 :]
+        assert f"  checkpoints: {checkpoints / 'checkpoints'}" in closing
+        assert f"  to see it: mlflow ui --backend-store-uri {uri}" in closing
         assert "lightning-losses fit:" not in err  # printed, not warned
 
 
@@ -209,7 +212,9 @@ def test_ddp_fit_warns_about_no_sync_dist(tmp_path):
     annealed = [{**ANNEALED[0], "init_args": {**ANNEALING, "interval": "epoch"}}]
     config = write_config(tmp_path / "ddp.yaml", "ddp", GAMMA, annealed + MONITOR + SWITCH)
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
-    process = start(["fit", "--config", str(config), *QUICK, *ddp], tmp_path, quiet=False)
+    # --verbose: Lightning's lines ("GLOBAL_RANK: 1", a sync_dist warning) are not kept out.
+    arguments = ["fit", "--config", str(config), *QUICK, *ddp, "--verbose"]
+    process = start(arguments, tmp_path, quiet=False)
     out, err = finish(process)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out + err  # a second process really ran
     assert "sync_dist" not in out + err

@@ -2,9 +2,11 @@
 
 from .adafocal import AdaFocalUpdate
 from .calibration import CalibrationMonitor, TemperatureScalingCallback
+from .checkpoint import LastCheckpoint
 from .curves import SplitCurves
 from .loss_scheduler import GammaAnnealing, LossScheduler
 from .loss_switch import LossSwitch
+from .outputs import OutputAdapter
 from .schedules import (
     ConstantSchedule,
     CosineSchedule,
@@ -23,9 +25,11 @@ __all__ = [
     "ExponentialSchedule",
     "GammaAnnealing",
     "IntervalSchedule",
+    "LastCheckpoint",
     "LinearSchedule",
     "LossScheduler",
     "LossSwitch",
+    "OutputAdapter",
     "Schedule",
     "SplitCurves",
     "StepSchedule",

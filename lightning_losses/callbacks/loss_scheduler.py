@@ -108,9 +108,10 @@ class LossScheduler(Callback):
 
     The value is logged as ``schedule/<attribute>``, per step or per epoch, unless the module
     logs ``criterion/<attribute>`` itself (as
-    :meth:`~lightning_losses.mixins.LossMixin.compute_loss` does in training): one metric per
-    quantity. It is recomputed
-    from the trainer's progress each time, like Lightning's ``GradientAccumulationScheduler``,
+    :meth:`~lightning_losses.mixins.LossMixin.compute_loss` does in training for the attributes
+    that a schedule names in :meth:`changed_hyperparameters`): one metric per quantity. It is
+    recomputed from the trainer's progress each time, like Lightning's
+    ``GradientAccumulationScheduler``,
     so a run resumed from a checkpoint continues the schedule exactly; no value is taken from
     the checkpoint.
 
@@ -197,6 +198,18 @@ class LossScheduler(Callback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(attribute=self.attribute)
+
+    def changed_hyperparameters(self) -> set[str]:
+        """``{attribute}``: the criterion hyper-parameter this schedule changes.
+
+        :class:`~lightning_losses.mixins.LossMixin` logs the hyper-parameters that some
+        callback names here as ``criterion/<name>`` metrics; the constant ones stay params.
+
+        Example:
+            >>> GammaAnnealing().changed_hyperparameters()
+            {'gamma'}
+        """
+        return {self.attribute}
 
     def _criterion(self, pl_module: pl.LightningModule) -> Any:
         """``pl_module.criterion``, checked to have ``attribute``; ``ValueError`` otherwise."""

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from typing_extensions import override
 
-from lightning_losses.mixins import build_criterion
+from lightning_losses.mixins import build_criterion, criterion_hyperparameters
 
 
 class LossSwitch(Callback):
@@ -82,6 +82,25 @@ class LossSwitch(Callback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(criteria=self.criteria, milestones=self.milestones)
+
+    def changed_hyperparameters(self) -> set[str]:
+        """The hyper-parameters whose value differs between two criteria that have them.
+
+        :class:`~lightning_losses.mixins.LossMixin` logs these as ``criterion/<name>`` metrics
+        (a value constant across the stages that have it is a param of the run, not a metric).
+        The criteria are those built in ``setup("fit")`` (built here before it).
+
+        Example:
+            >>> switch = LossSwitch([{"name": "gamma_ce", "gamma": 0.0}, "focal"], milestones=[3])
+            >>> switch.changed_hyperparameters()
+            {'gamma'}
+        """
+        modules = self._modules or [build_criterion(spec) for spec in self.criteria]
+        seen: dict[str, set[float]] = {}
+        for module in modules:
+            for name, value in criterion_hyperparameters(module).items():
+                seen.setdefault(name, set()).add(value)
+        return {name for name, values in seen.items() if len(values) > 1}
 
     def index(self, epoch: int) -> int:
         """The index of the criterion used in ``epoch``: the number of milestones ``<= epoch``."""
