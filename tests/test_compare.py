@@ -281,7 +281,7 @@ def test_format_table_aligns_and_shows_missing_as_dash(rows):
     table = compare.format_table(rows.values(), sort_by="val/brier")
     lines = table.splitlines()
     assert len({len(line) for line in lines[:2]}) == 1  # header as wide as the rule
-    assert lines[0].split()[:4] == ["run", "loss", "hparams", "dataset"]
+    assert lines[0].split()[:6] == ["run", "id", "started", "loss", "hparams", "dataset"]
     assert _table_order(table)[-1] == "gamma-run"  # no val/brier: last, shown as "-"
     gamma_line = lines[-1]
     assert "0.9300" in gamma_line and "0.0200" in gamma_line

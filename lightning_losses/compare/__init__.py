@@ -3,13 +3,14 @@
 The package, by what each part does:
 
 - :mod:`~lightning_losses.compare.query`: the MLflow store, the experiment and its runs, one
-  row per run (:func:`collect_runs`, :func:`run_row`, :data:`METRICS`, :data:`COLUMNS`).
+  row per run (:func:`collect_runs`, :func:`run_row`, :data:`METRICS`, :data:`COLUMNS`), the
+  fit's own wall time (:func:`fit_seconds`).
 - :mod:`~lightning_losses.compare.params`: flattened MLflow params back to nested values
   (:func:`unflatten`).
 - :mod:`~lightning_losses.compare.describe`: a run's hyper-parameters as one short line: the
   loss's arguments and its schedules (:func:`hparams_text`).
-- :mod:`~lightning_losses.compare.table`: sorting, the text table and the CSV
-  (:func:`sort_rows`, :func:`format_table`, :func:`write_csv`).
+- :mod:`~lightning_losses.compare.table`: sorting, the text table fitted to a width, and the
+  CSV (:func:`sort_rows`, :func:`format_table`, :func:`write_csv`).
 - :mod:`~lightning_losses.compare.figure`: accuracy against ECE with one label per run, placed
   so that labels do not overlap, and the runs' reliability diagrams
   (:func:`comparison_figure`, :func:`draw_scatter`, :func:`point_labels`).
@@ -28,8 +29,11 @@ from typing import Any
 
 #: Each name importable from the package, with the submodule that defines it.
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("DEFAULT_EXPERIMENT", "build_parser", "main"), "cli"),
-    **dict.fromkeys(("NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text"), "describe"),
+    **dict.fromkeys(("DEFAULT_EXPERIMENT", "build_parser", "main", "table_width"), "cli"),
+    **dict.fromkeys(
+        ("NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text", "join_hparams", "split_hparams"),
+        "describe",
+    ),
     **dict.fromkeys(
         (
             "DIAGRAM_DIR",
@@ -50,10 +54,12 @@ _EXPORTS: dict[str, str] = {
         (
             "COLUMNS",
             "DEFAULT_TRACKING_URI",
+            "FIT_METRICS",
             "LISTED_STATUSES",
             "METRICS",
             "_wall_time",  # used by tests written against the single-module version
             "collect_runs",
+            "fit_seconds",
             "mlflow_client",
             "resolve_tracking_uri",
             "run_row",
@@ -62,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
+            "DEFAULT_WIDTH",
             "MAX_CELL",
             "NUMERIC_COLUMNS",
             "TABLE_COLUMNS",
@@ -80,6 +87,7 @@ __all__ = [
     "collect_runs",
     "comparison_figure",
     "draw_scatter",
+    "fit_seconds",
     "format_table",
     "hparams_text",
     "main",

@@ -8,15 +8,19 @@ package (and mlflow) once the arguments are parsed.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["DEFAULT_EXPERIMENT", "build_parser", "main"]
+__all__ = ["DEFAULT_EXPERIMENT", "build_parser", "main", "table_width"]
 
 #: Experiment that :func:`main` compares when none is given.
 DEFAULT_EXPERIMENT = "lightning-losses"
 #: Shown in ``--help``; the same as ``query.DEFAULT_TRACKING_URI`` (a test checks).
 _DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: Width of the table when standard output is not a terminal; the same as
+#: ``table.DEFAULT_WIDTH`` (a test checks).
+_DEFAULT_WIDTH = 100
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
-        ``descending``, ``out``, ``diagrams``, ``runs`` and ``ece``.
+        ``descending``, ``out``, ``diagrams``, ``runs``, ``ece`` and ``wide``.
 
     Example:
         >>> args = build_parser().parse_args(["--sort-by", "acc", "--runs", "a1", "b2"])
@@ -59,7 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="the calibration error of the figure: binned (val/ece, default) or smooth "
         "(val/smooth_ece, logged by CalibrationMonitor(smooth=True))",
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"print every column in full (default: fit the terminal, or {_DEFAULT_WIDTH} "
+        "columns when the output is not a terminal)",
+    )
     return parser
+
+
+def table_width() -> int:
+    """The width the table must fit: the terminal's, or 100 when stdout is not a terminal.
+
+    Returns:
+        ``shutil.get_terminal_size().columns`` (which honours ``COLUMNS``) when standard
+        output is a terminal, else :data:`_DEFAULT_WIDTH`.
+    """
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((_DEFAULT_WIDTH, 24)).columns
+    return _DEFAULT_WIDTH
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sort_by = args.sort_by or ("val/smooth_ece" if args.ece == "smooth" else "val/ece")
         rows = sort_rows(rows, sort_by, args.descending)
-        table = format_table(rows, sort_by, args.descending)
+        width = None if args.wide else table_width()
+        table = format_table(rows, sort_by, args.descending, width=width, wide=args.wide)
         out = Path(args.out)
         csv_path = write_csv(rows, out / "comparison.csv")
         png_path = comparison_figure(

@@ -4,6 +4,8 @@
 ``model.criterion`` (leaving out arguments that are not hyper-parameters, such as
 ``reduction``) and, for each loss-schedule callback in ``trainer.callbacks``
 (``GammaAnnealing``, ``LossScheduler``, ``LossSwitch``), a summary of what it changes and when.
+:func:`split_hparams` takes such a line apart again (the table moves the items that all runs
+share into one "common" line) and :func:`join_hparams` puts it back together.
 
 Imports only the standard library.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from .params import class_name, unflatten
 
-__all__ = ["NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text"]
+__all__ = ["NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text", "join_hparams", "split_hparams"]
 
 #: Loss constructor arguments that are not hyper-parameters of the loss.
 NON_HPARAMS = frozenset({"reduction", "ignore_index", "validate_args"})
@@ -147,3 +149,56 @@ def hparams_text(params: Mapping[str, str]) -> str:
     for callback in callbacks if isinstance(callbacks, list) else []:
         parts.append(_callback_text(callback) or "")
     return "; ".join(part for part in parts if part)
+
+
+#: Separators of :func:`hparams_text`: between the groups (the loss, each schedule), and between
+#: the loss's arguments.
+GROUP_SEPARATOR = "; "
+ITEM_SEPARATOR = ", "
+_OPENING, _CLOSING = "([{", ")]}"
+
+
+def _split_top(text: str, separator: str) -> list[str]:
+    """``text`` split at each ``separator`` outside brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        char = text[i]
+        if char in _OPENING:
+            depth += 1
+        elif char in _CLOSING:
+            depth = max(0, depth - 1)
+        elif depth == 0 and text.startswith(separator, i):
+            parts.append(text[start:i])
+            i += len(separator)
+            start = i
+            continue
+        i += 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def split_hparams(text: str | None) -> list[list[str]]:
+    """The groups and items of an :func:`hparams_text` line.
+
+    Args:
+        text: a line of :func:`hparams_text` (``None`` or ``""``: nothing).
+
+    Returns:
+        One list per group (the loss's arguments, then each schedule), each with its items;
+        separators inside brackets (a schedule's own arguments, a list) do not split.
+
+    Example:
+        >>> split_hparams("gamma=0, threshold=0; GammaAnnealing(gamma 0->1, 0..0.8)")
+        [['gamma=0', 'threshold=0'], ['GammaAnnealing(gamma 0->1, 0..0.8)']]
+    """
+    return [_split_top(group, ITEM_SEPARATOR) for group in _split_top(text or "", GROUP_SEPARATOR)]
+
+
+def join_hparams(groups: list[list[str]]) -> str:
+    """The line :func:`split_hparams` took apart (empty groups left out).
+
+    Example:
+        >>> join_hparams([["gamma=2"], [], ["LossSwitch(ce, focal@3)"]])
+        'gamma=2; LossSwitch(ce, focal@3)'
+    """
+    return GROUP_SEPARATOR.join(ITEM_SEPARATOR.join(items) for items in groups if items)

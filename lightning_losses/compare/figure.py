@@ -2,10 +2,12 @@
 
 Each point is labelled with its run (:func:`point_labels`: the run name, or a short run id,
 and the run's hyper-parameters when they tell the runs apart and are short). The labels are
-placed so that they do not overlap (:func:`draw_scatter`): sorted by the height of their
-points, stacked upwards where they would touch, kept inside the panel, each joined to its point
-by a thin leader line when it had to move. When there are too many runs for one column of
-labels, the points get distinct colour-and-marker pairs and a legend names them instead.
+placed so that they overlap neither each other nor any point (:func:`draw_scatter`): sorted by
+the height of their points, stacked upwards where they would touch (downwards where the panel
+ends), kept inside the panel, each put beside its point where no marker is in its way, and
+joined to its point by a thin leader line when it had to move. When there are too many runs
+for one column of labels, or a label finds no free place, the points get distinct
+colour-and-marker pairs and a legend names them instead.
 
 Imports only the standard library; matplotlib and mlflow are imported inside the functions
 that use them.
@@ -29,6 +31,7 @@ from .query import mlflow_client, resolve_tracking_uri
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
     from mlflow.tracking import MlflowClient
 
 __all__ = [
@@ -67,6 +70,10 @@ LABEL_FONTSIZE = 7
 #: Horizontal gap between a point and its label, vertical gap between labels (points).
 LABEL_GAP = 6.0
 LABEL_SPACING = 1.5
+#: Area of a point's marker (points squared, matplotlib's ``s``) and the clearance a label
+#: keeps from every marker (points).
+MARKER_SIZE = 36.0
+MARKER_CLEARANCE = 1.0
 #: Longest hyper-parameter text put into a point label (longer ones are left to the table).
 SHORT_HPARAMS = 24
 #: Longest point label (a longer run name is cut with "...").
@@ -129,38 +136,53 @@ def point_labels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return labels
 
 
-def _stack(
-    centres: Sequence[float], heights: Sequence[float], low: float, high: float, gap: float
-) -> list[float] | None:
-    """Centres for boxes of ``heights`` near ``centres`` (sorted) that leave ``gap`` between them.
+def _free_spans(
+    lo: float, hi: float, blocked: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The parts of ``[lo, hi]`` outside every ``blocked`` interval, left to right."""
+    spans, cursor = [], lo
+    for start, end in sorted(blocked):
+        if start > cursor:
+            spans.append((cursor, min(start, hi)))
+        cursor = max(cursor, end)
+        if cursor >= hi:
+            break
+    if cursor < hi:
+        spans.append((cursor, hi))
+    return [(a, b) for a, b in spans if b > a]
 
-    A pass upwards moves each box above the one below it (and above ``low``); a pass downwards
-    then moves each box below the one above it (and below ``high``). Returns ``None`` when the
-    boxes do not fit between ``low`` and ``high``.
+
+def _beside(
+    x: float, width: float, gap: float, spans: Sequence[tuple[float, float]]
+) -> tuple[float, float] | None:
+    """``(shift, left)``: the left edge of a label beside a point at ``x`` within ``spans``.
+
+    The label goes right of the point at ``gap``, or left of it; where markers or the panel's
+    edge are in the way, it slides along its line to the nearest free place (``shift`` is how
+    far, in pixels; right wins a tie). ``None`` when no span is wide enough.
     """
-    placed = list(centres)
-    for k, height in enumerate(heights):
-        floor = low + height / 2
-        if k:
-            floor = max(floor, placed[k - 1] + (heights[k - 1] + height) / 2 + gap)
-        placed[k] = max(placed[k], floor)
-    for k in range(len(heights) - 1, -1, -1):
-        ceiling = high - heights[k] / 2
-        if k < len(heights) - 1:
-            ceiling = min(ceiling, placed[k + 1] - (heights[k + 1] + heights[k]) / 2 - gap)
-        placed[k] = min(placed[k], ceiling)
-    if heights and placed[0] - heights[0] / 2 < low - 1e-6:
-        return None
-    return placed
+    best: tuple[float, int, float] | None = None
+    for a, b in spans:
+        if b - a < width:
+            continue
+        for side, target in enumerate((x + gap, x - gap - width)):
+            left = min(max(target, a), b - width)
+            candidate = (abs(left - target), side, left)
+            best = candidate if best is None or candidate < best else best
+    return None if best is None else (best[0], best[2])
 
 
 def _place_labels(
     ax: Axes, points: Sequence[tuple[float, float]], labels: Sequence[str]
 ) -> list[Text] | None:
-    """Annotate each point with its label, no two labels overlapping; ``None`` if they cannot.
+    """Annotate each point with its label, no label overlapping another or any marker.
 
     Works in display pixels of the figure as laid out now, then fixes the layout (the labels'
-    offsets are in points from their points, so a later layout would move them).
+    offsets are in points from their points, so a later layout would move them). Labels are
+    placed one by one, lowest point first, each on its own line (no two labels share a
+    height): on the line nearest its point's height (above it where there is room, else below)
+    where it can sit beside its point clear of every marker (:func:`_label_spot`). Returns
+    ``None`` (nothing drawn) when a label finds no place in the panel.
     """
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
@@ -181,21 +203,23 @@ def _place_labels(
         for point, label in zip(points, labels, strict=True)
     ]
     extents = [text.get_window_extent(renderer) for text in texts]
-    order = sorted(range(len(points)), key=lambda i: (xy[i][1], xy[i][0], i))
-    heights = [extents[i].height for i in order]
-    centres = _stack([xy[i][1] for i in order], heights, box.y0, box.y1, LABEL_SPACING * pixels)
-    if centres is None:
-        for text in texts:
-            text.remove()
-        return None
-    for i, centre in zip(order, centres, strict=True):
+    spacing = LABEL_SPACING * pixels
+    reach = (math.sqrt(MARKER_SIZE) / 2 + MARKER_CLEARANCE) * pixels  # a marker's half-width
+    taken: list[tuple[float, float]] = []  # the lines (bottom, top) of the labels placed
+    placed: list[tuple[int, float, float]] = []
+    for i in sorted(range(len(points)), key=lambda i: (xy[i][1], xy[i][0], i)):
+        spot = _label_spot(xy, i, extents[i], box, taken, spacing, reach, pixels)
+        if spot is None:
+            for text in texts:
+                text.remove()
+            return None
+        centre, left = spot
+        taken.append((centre - extents[i].height / 2, centre + extents[i].height / 2))
+        placed.append((i, centre, left))
+    for i, centre, left in placed:
         (x, y), width = xy[i], extents[i].width
         moved = abs(centre - y) > extents[i].height / 2
-        gap = LABEL_GAP * pixels * (3 if moved else 1)  # moved labels fan out from the point
-        left = x + gap  # right of the point where it fits, else left of it, else clamped
-        if left + width > box.x1:
-            left = x - gap - width
-        left = min(max(left, box.x0), box.x1 - width)
+        gap = LABEL_GAP * pixels * (3 if moved else 1)
         texts[i].xyann = ((left - x) / pixels, (centre - y) / pixels)
         end = left if abs(left - x) <= abs(left + width - x) else left + width  # nearer edge
         if moved or abs(end - x) > 2 * gap:
@@ -209,6 +233,50 @@ def _place_labels(
             )
     fig.set_layout_engine("none")
     return texts
+
+
+def _label_spot(
+    xy: Sequence[Sequence[float]],
+    i: int,
+    extent: Bbox,
+    box: Bbox,
+    taken: Sequence[tuple[float, float]],
+    spacing: float,
+    reach: float,
+    pixels: float,
+) -> tuple[float, float] | None:
+    """``(centre, left)`` in pixels for the label of point ``i``, or ``None`` if none is free.
+
+    The candidate heights are the point's own and those where the label just clears a taken
+    line, a marker or the panel's edge (where what is free changes); of the free ones, the one
+    with the least move wins: the vertical distance plus the sideways slide, any place above
+    the point before any below it (labels stack upwards, and downwards only where the panel
+    ends).
+    """
+    x, y = xy[i]
+    width, half = extent.width, extent.height / 2
+    tiny = 1e-3
+    heights = {y, box.y0 + half + tiny, box.y1 - half - tiny}
+    for bottom, top in taken:
+        heights.update((top + spacing + half + tiny, bottom - spacing - half - tiny))
+    for _, py in xy:
+        heights.update((py + reach + half + tiny, py - reach - half - tiny))
+    best: tuple[float, float, float] | None = None
+    for centre in sorted(heights, key=lambda c: abs(c - y)):
+        vertical = centre - y if centre >= y else y - centre + box.height  # above wins
+        if best is not None and vertical >= best[0]:
+            continue
+        if centre - half < box.y0 or centre + half > box.y1:
+            continue
+        if any(centre + half + spacing > b and centre - half - spacing < t for b, t in taken):
+            continue
+        moved = abs(centre - y) > half
+        gap = LABEL_GAP * pixels * (3 if moved else 1)  # moved labels fan out from the point
+        blocked = [(px - reach, px + reach) for px, py in xy if abs(py - centre) < half + reach]
+        beside = _beside(x, width, gap, _free_spans(box.x0, box.x1, blocked))
+        if beside is not None and (best is None or vertical + beside[0] < best[0]):
+            best = (vertical + beside[0], centre, beside[1])
+    return None if best is None else (best[1], best[2])
 
 
 def _finite(value: Any) -> bool:
@@ -228,9 +296,11 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
 
     Draw the figure's other panels first: this lays the figure out, places the labels in that
     layout (:func:`point_labels`, sorted by height, stacked where they would overlap, kept in
-    the panel, leader lines to points they moved away from) and then fixes the layout. When the
-    labels do not fit in one column, the points get distinct colour-and-marker pairs and a
-    legend beside the panel names them instead (the layout is then left to the figure).
+    the panel, each beside its point on the nearest side that no marker is in the way of,
+    leader lines to points they moved away from) and then fixes the layout: no label overlaps
+    another label or any point. When the labels do not fit in one column, or a label finds no
+    place clear of the markers, the points get distinct colour-and-marker pairs and a legend
+    beside the panel names them instead (the layout is then left to the figure).
 
     Args:
         ax: the panel, in a figure with an Agg-based canvas (it measures the labels with the
@@ -249,7 +319,14 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
     labels = [label for label, keep in zip(point_labels(rows), has_both, strict=True) if keep]
     points = [(float(r["val/acc"]), float(r[key])) for r in plotted]
     handles = [
-        ax.scatter(x, y, color=f"C{i % 10}", marker=MARKERS[i // 10 % len(MARKERS)], s=36, zorder=3)
+        ax.scatter(
+            x,
+            y,
+            color=f"C{i % 10}",
+            marker=MARKERS[i // 10 % len(MARKERS)],
+            s=MARKER_SIZE,
+            zorder=3,
+        )
         for i, (x, y) in enumerate(points)
     ]
     if not points:

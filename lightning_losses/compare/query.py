@@ -6,16 +6,25 @@ Each run logged by the package's MLflow logger carries the tags ``loss``, ``data
 one flat row (:func:`run_row`): its loss, its key hyper-parameters
 (:func:`~lightning_losses.compare.describe.hparams_text`), its dataset, the final value of each
 of :data:`METRICS` (read from the run's one-value-per-step history, so that a resumed run shows
-what its resumed fit logged), the number of epochs and the wall time.
+what its resumed fit logged), the number of epochs, the start time and the fit's wall time.
+
+The wall time is the fit's own (:func:`fit_seconds`): a later ``test`` or ``validate`` of the
+run's checkpoint logs into the same run and moves the run's end, so the run's end minus its
+start would count it. The fit's end is read from the timestamps of the metrics that only a fit
+logs (:data:`FIT_METRICS`: ``time/epoch_seconds``, logged at the end of every training epoch,
+else the ``train/`` metrics).
 
 Imports only the standard library; mlflow is imported inside the functions that use it.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +38,12 @@ if TYPE_CHECKING:
 __all__ = [
     "COLUMNS",
     "DEFAULT_TRACKING_URI",
+    "FIT_METRICS",
     "LISTED_STATUSES",
     "METRICS",
     "OPTIONAL_METRICS",
     "collect_runs",
+    "fit_seconds",
     "mlflow_client",
     "resolve_tracking_uri",
     "run_row",
@@ -61,6 +72,7 @@ COLUMNS: tuple[str, ...] = (
     "run_id",
     "run_name",
     "status",
+    "start_time",
     "loss",
     "hparams",
     "dataset",
@@ -69,6 +81,11 @@ COLUMNS: tuple[str, ...] = (
     "epochs",
     "wall_time_s",
 )
+#: Metrics only a fit logs, whose timestamps tell when it ended: ``time/epoch_seconds``
+#: (``ClassifierModule``, at the end of every training epoch); runs without it are read from
+#: their metrics under :data:`FIT_PREFIX` (logged by training steps and epochs only).
+FIT_METRICS: tuple[str, ...] = ("time/epoch_seconds",)
+FIT_PREFIX = "train/"
 #: Run statuses listed when no run ids are given.
 LISTED_STATUSES = ("FINISHED", "RUNNING")
 
@@ -223,7 +240,68 @@ def _wall_time(start_ms: int | None, end_ms: int | None) -> float | None:
     return max(0.0, (end_ms - start_ms) / 1000.0)
 
 
-def run_row(run: Run, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+def _start_text(start_ms: int | None) -> str | None:
+    """A run's start as local time, ``YYYY-MM-DD HH:MM:SS`` (``None`` when unknown)."""
+    if not start_ms:
+        return None
+    return datetime.fromtimestamp(start_ms / 1000.0).isoformat(sep=" ", timespec="seconds")
+
+
+def fit_seconds(timestamps: Sequence[int], starts: Sequence[int]) -> float | None:
+    """The wall time of a fit, from the timestamps of the metrics only a fit logs.
+
+    A fit may run in several attempts (a fit resumed into the same run from a checkpoint):
+    each attempt lasts from its start to the last fit metric logged before the next attempt
+    started. Metrics logged by a later ``test`` or ``validate`` are not among ``timestamps``, so
+    they do not count, nor do the pauses between attempts.
+
+    Args:
+        timestamps: milliseconds since the epoch at which the fit logged its epoch-end metrics
+            (:data:`FIT_METRICS`).
+        starts: when each attempt started, in milliseconds: the run's start, then the time of
+            each resume marker, ascending.
+
+    Returns:
+        The sum over attempts of (last timestamp in the attempt - its start) in seconds;
+        ``None`` when no timestamp falls in any attempt.
+
+    Example:
+        >>> fit_seconds([1_500, 3_000], starts=[1_000])  # fit from 1.0 s to 3.0 s
+        2.0
+        >>> fit_seconds([1_500, 3_000, 9_000, 9_500], starts=[1_000, 8_000])  # resumed at 8 s
+        3.5
+    """
+    total, found = 0, False
+    bounds = [*starts, math.inf]
+    for begin, end in itertools.pairwise(bounds):
+        inside = [stamp for stamp in timestamps if begin <= stamp < end]
+        if inside:
+            total += max(inside) - begin
+            found = True
+    return total / 1000.0 if found else None
+
+
+def _fit_wall_time(client: MlflowClient, run: Run) -> float | None:
+    """:func:`fit_seconds` of a run (``None``: it logged no fit metric, or has no start)."""
+    from ..tracking import resume_markers
+
+    if run.info.start_time is None:
+        return None
+    logged = run.data.metrics
+    keys = [key for key in FIT_METRICS if key in logged]
+    keys = keys or sorted(key for key in logged if key.startswith(FIT_PREFIX))
+    stamps = [
+        metric.timestamp
+        for key in keys
+        for metric in client.get_metric_history(run.info.run_id, key)
+    ]
+    starts = [run.info.start_time, *(r.time_ms for r in resume_markers(run.data.tags))]
+    return fit_seconds(stamps, sorted(starts))
+
+
+def run_row(
+    run: Run, metrics: Mapping[str, float] | None = None, *, wall_time_s: float | None = None
+) -> dict[str, Any]:
     """One comparison row (keys :data:`COLUMNS`) for an MLflow run.
 
     Args:
@@ -231,24 +309,29 @@ def run_row(run: Run, metrics: Mapping[str, float] | None = None) -> dict[str, A
         metrics: the final value of each metric (:func:`lightning_losses.tracking.final_metrics`,
             which applies the run's resume markers); default ``run.data.metrics``, MLflow's
             value at the highest step.
+        wall_time_s: the fit's wall time (:func:`fit_seconds`); default: the run's end minus
+            its start (up to now while it runs).
 
     Returns:
-        The row: run id, name and status, loss, hparams text, dataset, config, final metrics,
-        epochs and wall time in seconds.
+        The row: run id, name and status, start time (local, ``YYYY-MM-DD HH:MM:SS``), loss,
+        hparams text, dataset, config, final metrics, epochs and wall time in seconds.
     """
     tags, params = run.data.tags, run.data.params
     metrics = run.data.metrics if metrics is None else metrics
+    if wall_time_s is None:
+        wall_time_s = _wall_time(run.info.start_time, run.info.end_time)
     return {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
         "status": run.info.status,
+        "start_time": _start_text(run.info.start_time),
         "loss": _loss_name(tags, params),
         "hparams": hparams_text(params),
         "dataset": _dataset_name(tags, params),
         "config": tags.get("config"),
         **_final_metrics(metrics),
         "epochs": _epochs(metrics, params),
-        "wall_time_s": _wall_time(run.info.start_time, run.info.end_time),
+        "wall_time_s": wall_time_s,
     }
 
 
@@ -263,6 +346,9 @@ def collect_runs(
     Final metrics are read from each run's one-value-per-step history
     (:func:`lightning_losses.tracking.final_metrics`): a run resumed from an earlier
     checkpoint shows what its resumed fit logged last, not the abandoned attempt's values.
+    The wall time is the fit's (:func:`fit_seconds` of the timestamps of :data:`FIT_METRICS`,
+    else of the ``train/`` metrics), so a ``test`` or ``validate`` logged into the run later
+    does not count; a run with neither counts from its start to its end (or to now).
 
     Args:
         experiment: the experiment's name.
@@ -286,4 +372,7 @@ def collect_runs(
         runs = [r for r in _search(client, experiment_id) if r.info.status in LISTED_STATUSES]
     from ..tracking import final_metrics
 
-    return [run_row(run, final_metrics(client, run)) for run in runs]
+    return [
+        run_row(run, final_metrics(client, run), wall_time_s=_fit_wall_time(client, run))
+        for run in runs
+    ]

@@ -1,5 +1,13 @@
 """Presenting comparison rows: sorted, as an aligned text table, as CSV.
 
+The text table (:func:`format_table`) names each run by its name, the first 8 characters of
+its id and its start time, so that two fits of one config are told apart. It fits a given
+width: what all runs share (their loss, dataset, or some hyper-parameters) moves from the
+columns into one ``common:`` line under the table; when that is not enough, the start-time
+column is left out, the text columns are cut (ending in ``...``) down to a minimum width, then
+the dataset, epochs and Brier columns are left out, in that order, and a last line says what
+was left out. ``wide=True`` shows every column in full.
+
 Imports only the standard library.
 """
 
@@ -7,17 +15,49 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .describe import join_hparams, split_hparams
 from .query import COLUMNS, METRICS, OPTIONAL_METRICS
 
-__all__ = ["MAX_CELL", "NUMERIC_COLUMNS", "TABLE_COLUMNS", "format_table", "sort_rows", "write_csv"]
+__all__ = [
+    "DEFAULT_WIDTH",
+    "MAX_CELL",
+    "NUMERIC_COLUMNS",
+    "TABLE_COLUMNS",
+    "format_table",
+    "sort_rows",
+    "write_csv",
+]
 
-#: Columns of the text table: (row key, header, format of a value).
-TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+
+def _short_id(value: Any) -> str:
+    """The first 8 characters of a run id (enough to tell runs apart, and to find them)."""
+    return str(value)[:8]
+
+
+def _short_dataset(text: str) -> str:
+    """A DataModule's class name without its :data:`DATASET_SUFFIX`: ``LongTailedDigits``."""
+    if text.endswith(DATASET_SUFFIX) and len(text) > len(DATASET_SUFFIX):
+        return text[: -len(DATASET_SUFFIX)]
+    return text
+
+
+def _short_time(value: Any) -> str:
+    """``MM-DD HH:MM:SS`` of a ``YYYY-MM-DD HH:MM:SS`` start time."""
+    text = str(value)
+    return text[5:19] if len(text) >= 19 else text
+
+
+#: Columns of the text table: (row key, header, format of a value: a format string or a
+#: function). The id and the start time are shortened unless the table is wide.
+TABLE_COLUMNS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("run_name", "run", "{}"),
+    ("run_id", "id", _short_id),
+    ("start_time", "started", _short_time),
     ("loss", "loss", "{}"),
     ("hparams", "hparams", "{}"),
     ("dataset", "dataset", "{}"),
@@ -27,8 +67,26 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 #: Columns holding numbers: right-aligned in the table.
 NUMERIC_COLUMNS = frozenset((*METRICS, "epochs", "wall_time_s"))
-#: Widest hparams cell in the text table (longer ones are cut with "...").
+#: Widest hparams cell in the text table (longer ones are cut with "...") unless it is wide.
 MAX_CELL = 60
+#: Width of the table the command line prints when its output is not a terminal.
+DEFAULT_WIDTH = 100
+#: Columns whose value, when all runs share it, moves to the ``common:`` line (as do the
+#: hparams items that all runs have).
+COMMON_COLUMNS = ("loss", "dataset")
+#: Ending of the DataModule class names, left out of the dataset column unless it is wide.
+DATASET_SUFFIX = "DataModule"
+#: Text columns left out when no run has a value for them.
+OPTIONAL_TEXT = frozenset({"run_id", "start_time", "loss", "hparams", "dataset"})
+#: Columns cut to fit the width, with the narrowest each is cut to.
+MIN_WIDTHS: dict[str, int] = {"run_name": 12, "hparams": 16, "dataset": 10}
+#: Columns cut only when nothing else makes the table fit, with the narrowest each is cut to.
+LAST_CUT: dict[str, int] = {"loss": 9}
+#: Columns left out to fit the width: the first before any cut, the others after cutting.
+FIRST_DROPPED = "start_time"
+DROPPED = ("dataset", "epochs", "val/brier")
+#: Spaces between columns.
+_GAP = 2
 
 
 def _sort_key(rows: Sequence[Mapping[str, Any]], sort_by: str) -> str:
@@ -68,19 +126,88 @@ def sort_rows(
     return sorted(present, key=lambda row: row[key], reverse=descending) + missing
 
 
-def _cell(value: Any, fmt: str) -> str:
-    """One table cell: ``-`` for ``None``, long text cut to :data:`MAX_CELL` characters."""
-    if value is None:
+def _cell(value: Any, fmt: str | Callable[[Any], str]) -> str:
+    """One table cell: ``-`` for ``None``; a value the format does not take, as ``str``."""
+    if value is None or value == "":
         return "-"
     try:
-        text = fmt.format(value)
+        return fmt(value) if callable(fmt) else fmt.format(value)
     except (ValueError, TypeError):
-        text = str(value)
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 3] + "..."
+        return str(value)
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, ending in ``...`` when cut."""
+    if len(text) <= width:
+        return text
+    return text[: width - 3] + "..." if width > 3 else text[:width]
+
+
+def _common_hparams(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """The hparams items every row has, and each row's hparams text without them."""
+    split = [split_hparams(row.get("hparams")) for row in rows]
+    sets = [{item for group in groups for item in group} for groups in split]
+    first = [item for group in split[0] for item in group] if split else []
+    common = [item for item in first if all(item in items for items in sets)]
+    rest = [join_hparams([[i for i in g if i not in common] for g in groups]) for groups in split]
+    return common, rest
+
+
+def _fit(
+    keys: list[str],
+    natural: dict[str, int],
+    headers: dict[str, str],
+    width: int,
+    keep: str,
+) -> tuple[list[str], dict[str, int]]:
+    """The columns kept and their widths, so that a line is at most ``width`` characters.
+
+    Left out first :data:`FIRST_DROPPED`; then the columns of :data:`MIN_WIDTHS` are cut,
+    widest first, down to their minimum; then :data:`DROPPED` are left out one by one; then
+    the cut columns are cut down to 6 characters (or their header); then the loss is cut too
+    (:data:`LAST_CUT`), all widest first. ``keep`` (the sort column) stays. When even that is
+    too wide, the lines are longer than ``width``.
+    """
+
+    def fitted(
+        active: list[str], floor: dict[str, int], last: bool = False
+    ) -> dict[str, int] | None:
+        widths = {key: natural[key] for key in active}
+        cuttable = [key for key in active if key in floor]
+        excess = sum(widths.values()) + _GAP * (len(active) - 1) - width
+        while excess > 0:
+            above = [key for key in cuttable if widths[key] > floor[key]]
+            if not above:
+                return widths if last else None
+            widest = max(above, key=lambda key: widths[key])
+            widths[widest] -= 1
+            excess -= 1
+        return widths
+
+    soft = {key: max(low, len(headers[key])) for key, low in MIN_WIDTHS.items() if key in keys}
+    hard = {key: max(6, len(headers[key])) for key in soft}
+    last = {**hard, **{key: low for key, low in LAST_CUT.items() if key in keys}}
+    active = list(keys)
+    attempts: list[tuple[str | None, dict[str, int]]] = [(None, {}), (FIRST_DROPPED, {})]
+    attempts += [(None, soft), *((key, soft) for key in DROPPED), (None, hard)]
+    for dropped, floor in attempts:
+        if dropped is not None:
+            if dropped not in active or dropped == keep:
+                continue
+            active.remove(dropped)
+        widths = fitted(active, floor)
+        if widths is not None:
+            return active, widths
+    return active, fitted(active, last, last=True) or {}
 
 
 def format_table(
-    rows: Iterable[Mapping[str, Any]], sort_by: str = "val/ece", descending: bool = False
+    rows: Iterable[Mapping[str, Any]],
+    sort_by: str = "val/ece",
+    descending: bool = False,
+    *,
+    width: int | None = None,
+    wide: bool = False,
 ) -> str:
     """The rows as an aligned text table, sorted by ``sort_by``.
 
@@ -88,41 +215,116 @@ def format_table(
         rows: comparison rows (from :func:`collect_runs`).
         sort_by: the column to sort by (see :func:`sort_rows`).
         descending: largest first.
+        width: the longest line allowed (the command line passes the terminal's width, or
+            :data:`DEFAULT_WIDTH`); ``None``: no limit.
+        wide: every column in full (whole run ids and start times, no ``common:`` line, no
+            cut); ``width`` is then ignored.
 
     Returns:
-        A header line, a rule and one line per run; missing values are shown as ``-``. The
-        columns of :data:`~lightning_losses.compare.query.OPTIONAL_METRICS` (the smooth ECE)
-        appear only when some row has a value.
+        A header line, a rule and one line per run, with the run's name, id (first 8
+        characters) and start time first; missing values are shown as ``-``. The columns of
+        :data:`~lightning_losses.compare.query.OPTIONAL_METRICS` (the smooth ECE) appear only
+        when some row has a value, and so do the id, start-time, loss, hparams and dataset
+        columns. Unless ``wide``, a loss or dataset that all rows share, and the hparams items
+        that all rows have, are left out of the columns and named on a ``common:`` line after a
+        blank line; a column left out or cut to fit ``width`` is named on a last line.
+
+    Raises:
+        ValueError: ``sort_by`` is not a column, or ``width`` is not a positive integer.
 
     Example:
         >>> print(format_table([
         ...     {"run_name": "a", "loss": "Focal", "val/ece": 0.05, "epochs": 3},
         ...     {"run_name": "b", "loss": "CE", "val/ece": 0.02},
         ... ]))
-        run  loss   hparams  dataset  val/acc  val/nll  val/ece  val/brier  epochs  wall s
-        ----------------------------------------------------------------------------------
-        b    CE     -        -              -        -   0.0200          -       -       -
-        a    Focal  -        -              -        -   0.0500          -       3       -
+        run  loss   val/acc  val/nll  val/ece  val/brier  epochs  wall s
+        ----------------------------------------------------------------
+        b    CE           -        -   0.0200          -       -       -
+        a    Focal        -        -   0.0500          -       3       -
     """
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ValueError(f"width must be a positive integer or None; got {width!r}")
     rows = sort_rows(rows, sort_by, descending)
+    keep = _sort_key(rows, sort_by)
     columns = [
         column
         for column in TABLE_COLUMNS
         if column[0] not in OPTIONAL_METRICS or any(row.get(column[0]) is not None for row in rows)
     ]
-    header = [title for _, title, _ in columns]
-    body = [[_cell(row.get(key), fmt) for key, _, fmt in columns] for row in rows]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    headers = {key: title for key, title, _ in columns}
+    if wide:
+        formats = {key: "{}" if callable(fmt) else fmt for key, _, fmt in columns}
+        cells = {key: [_cell(row.get(key), formats[key]) for row in rows] for key in formats}
+        keys = [key for key in headers if key not in OPTIONAL_TEXT or set(cells[key]) != {"-"}]
+        return _render(keys, headers, cells, {})
+    cells = {key: [_cell(row.get(key), fmt) for row in rows] for key, _, fmt in columns}
+    common: dict[str, str] = {}
+    if len(rows) > 1:
+        shared, rest = _common_hparams(rows)
+        if shared:
+            common["hparams"] = ", ".join(shared)
+            cells["hparams"] = [_cell(text, "{}") for text in rest]
+        for key in COMMON_COLUMNS:
+            values = set(cells[key])
+            if len(values) == 1 and "-" not in values and key != keep:
+                common[key] = values.pop()
+                cells[key] = ["-"] * len(rows)
+    shared_text = [f"{headers[key]} {common[key]}" for key in headers if key in common]
+    cells["dataset"] = [_short_dataset(text) for text in cells["dataset"]]
+    cells["hparams"] = [_cut(cell, MAX_CELL) for cell in cells["hparams"]]
+    keys = [key for key in headers if key not in OPTIONAL_TEXT or set(cells[key]) != {"-"}]
+    natural = {key: max(len(text) for text in [headers[key], *cells[key]]) for key in keys}
+    if width is None:
+        return _render(keys, headers, cells, natural, _notes(shared_text, [], [], None))
+    shown, widths = _fit(keys, natural, headers, width, keep)
+    left_out = [headers[key] for key in keys if key not in shown]
+    cut = [headers[key] for key in shown if widths[key] < natural[key]]
+    return _render(shown, headers, cells, widths, _notes(shared_text, left_out, cut, width))
 
-    def line(cells: list[str]) -> str:
+
+def _notes(common: list[str], left_out: list[str], cut: list[str], width: int | None) -> list[str]:
+    """The lines under the table: what all runs share, what was left out or cut to fit."""
+    notes = []
+    if common:
+        notes.append("common: " + "; ".join(common))
+    fitted = []
+    if left_out:
+        fitted.append(f"left out {', '.join(left_out)}")
+    if cut:
+        fitted.append(f"cut {', '.join(cut)}")
+    if fitted:
+        notes.append(f"to fit {width} columns: {'; '.join(fitted)} (--wide shows everything)")
+    if width is None:
+        return notes
+    return [line for note in notes for line in textwrap.wrap(note, width, subsequent_indent="  ")]
+
+
+def _render(
+    keys: list[str],
+    headers: Mapping[str, str],
+    cells: Mapping[str, list[str]],
+    widths: Mapping[str, int],
+    notes: Sequence[str] = (),
+) -> str:
+    """Header, rule, one aligned line per row, then the notes after a blank line."""
+    count = len(next(iter(cells.values()), []))
+    widths = {
+        key: widths.get(key, max(len(text) for text in [headers[key], *cells[key]])) for key in keys
+    }
+
+    def line(texts: list[str]) -> str:
         aligned = [
-            cell.rjust(width) if key in NUMERIC_COLUMNS else cell.ljust(width)
-            for (key, _, _), cell, width in zip(columns, cells, widths, strict=True)
+            _cut(text, widths[key]).rjust(widths[key])
+            if key in NUMERIC_COLUMNS
+            else _cut(text, widths[key]).ljust(widths[key])
+            for key, text in zip(keys, texts, strict=True)
         ]
-        return "  ".join(aligned).rstrip()
+        return (" " * _GAP).join(aligned).rstrip()
 
-    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
-    return "\n".join([line(header), rule, *(line(cells) for cells in body)])
+    rule = "-" * (sum(widths.values()) + _GAP * (len(keys) - 1))
+    body = [line([cells[key][i] for key in keys]) for i in range(count)]
+    table = "\n".join([line([headers[key] for key in keys]), rule, *body])
+    return table + "\n\n" + "\n".join(notes) if notes else table
 
 
 def write_csv(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
