@@ -25,8 +25,17 @@ import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
-from .commands import DESCRIPTION, LIGHTNING_COMMANDS, PROG
+from .cli_parser import (
+    LossesArgumentParser,
+    constructor_errors_in_one_line,
+    help_requested,
+    subcommand_parser,
+    usage_error,
+)
+from .commands import COMMANDS, DESCRIPTION, LIGHTNING_COMMANDS, PROG, lightning_epilog
+from .config_files import CONFIG_OPTIONS, ConfigNotFoundError, resolve_config_args
 from .models import ClassifierModule
+from .quiet import command_output, progress_bar_off, results_line, take_verbose_flag
 from .tracking import (
     DEFAULT_SAVE_DIR,
     TrackingConfigCallback,
@@ -180,18 +189,93 @@ def require_checkpoint(config: Any, command: str | None) -> None:
     raise SystemExit(USAGE_ERROR)
 
 
+#: Values of ``--ckpt_path`` that Lightning resolves itself (not file paths).
+CHECKPOINT_KEYWORDS = ("best", "last", "hpc", "registry")
+
+
+def require_checkpoint_file(config: Any, command: str | None) -> None:
+    """Stop a command whose ``--ckpt_path`` names no file, before any run is created.
+
+    The message is one line naming ``--ckpt_path`` and the path; the exit status is 2.
+    Lightning's keywords (``best``, ``last``, ``hpc``, ``registry...``) and URLs
+    (``s3://...``) pass, as does a command without a checkpoint.
+
+    Example:
+        >>> require_checkpoint_file({"ckpt_path": "last"}, "fit")
+        >>> require_checkpoint_file({"ckpt_path": None}, "test")
+    """
+    path = str((config or {}).get("ckpt_path") or "")
+    if not path or path.startswith(CHECKPOINT_KEYWORDS) or "://" in path:
+        return
+    if Path(path).is_file():
+        return
+    problem = "is a folder, not a checkpoint file" if Path(path).is_dir() else "no such file"
+    print(
+        f"{PROG} {command}: error: --ckpt_path {path}: {problem} (checkpoints are saved under "
+        "mlflow_runs/<experiment id>/<run id>/checkpoints/)",
+        file=sys.stderr,
+    )
+    raise SystemExit(USAGE_ERROR)
+
+
 class LossesCLI(TrackingCLI):
     """The ``lightning-losses`` CLI: links the DataModule's shape of the task into the model.
 
-    ``validate``, ``test`` and ``predict`` without ``--ckpt_path`` stop with a usage error
-    before any class is instantiated (:func:`require_checkpoint`).
+    ``validate``, ``test`` and ``predict`` without ``--ckpt_path``, and any command whose
+    ``--ckpt_path`` names no file, stop with a usage error before any class is instantiated
+    (:func:`require_checkpoint`, :func:`require_checkpoint_file`).
+
+    Args:
+        verbose: False: Lightning's progress bar (but for ``fit`` in a terminal) and results
+            table off, the results of ``validate``/``test`` in one line of ours
+            (:mod:`lightning_losses.quiet`); :func:`main` passes False unless ``--verbose``.
     """
+
+    def __init__(self, *args: Any, verbose: bool = True, **kwargs: Any) -> None:
+        self.verbose = verbose  # set first: LightningCLI runs the command in __init__
+        super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         """Refuse an evaluation without a checkpoint, then :class:`TrackingCLI`'s checks."""
         if self.subcommand is not None:
-            require_checkpoint(self.config.get(self.subcommand), self.subcommand)
+            config = self.config.get(self.subcommand)
+            require_checkpoint(config, self.subcommand)
+            require_checkpoint_file(config, self.subcommand)
         super().before_instantiate_classes()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """Without ``--verbose``: Lightning's progress bar off (:func:`progress_bar_off`)."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if not self.verbose and progress_bar_off(config, self.subcommand):
+            kwargs.setdefault("enable_progress_bar", False)  # the saved config keeps its value
+        return super().instantiate_trainer(**kwargs)
+
+    def _results_table_off(self) -> None:
+        config = self.config_init[self.subcommand]  # not the saved one: it keeps its value
+        if not self.verbose and "verbose" in config:
+            config["verbose"] = False
+
+    def _print_results(self, command: str) -> None:
+        if self.verbose or not self.trainer.is_global_zero:
+            return
+        run_id = next((getattr(lg, "run_id", None) for lg in self.trainer.loggers), None)
+        print(results_line(command, self.trainer.callback_metrics, run_id), flush=True)
+
+    def before_validate(self) -> None:
+        """Without ``--verbose``: no results table from Lightning (one line after instead)."""
+        self._results_table_off()
+
+    def before_test(self) -> None:
+        """Without ``--verbose``: no results table from Lightning (one line after instead)."""
+        self._results_table_off()
+
+    def after_validate(self) -> None:
+        """Without ``--verbose``: the validation metrics in one line (not Lightning's table)."""
+        self._print_results("validate")
+
+    def after_test(self) -> None:
+        """Without ``--verbose``: the test metrics in one line (not Lightning's table)."""
+        self._print_results("test")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in (
@@ -202,16 +286,75 @@ class LossesCLI(TrackingCLI):
         ):
             parser.link_arguments(f"data.{source}", f"model.{target}", apply_on="instantiate")
 
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        """A one-line usage and an epilog (configs, losses, where to look) for each command."""
+        for command in SUBCOMMANDS:
+            options = subparser_kwargs.setdefault(command, {})
+            options.setdefault(
+                "usage", f"{PROG} {command} [-h] [-c CONFIG] [--print_config] [--KEY VALUE ...]"
+            )
+            options.setdefault("description", COMMANDS[command])
+            options.setdefault("epilog", lightning_epilog())
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse; for ``COMMAND --help`` first make the config's values the defaults shown.
+
+        The config is the one ``--config`` names, else the packaged default (what the command
+        runs without ``--config``).
+        """
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)) and argv and help_requested(argv):
+            command = subcommand_parser(parser, str(argv[0]))
+            if command is not None:
+                configs = [
+                    argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in CONFIG_OPTIONS
+                ] + [arg.removeprefix("--config=") for arg in argv if arg.startswith("--config=")]
+                command.default_config_files = configs or [default_config_path()]
+        super().parse_arguments(parser, args)
+
+    def instantiate_classes(self) -> None:
+        """Instantiate; a class that rejects its arguments is a one-line usage error.
+
+        A ``ValueError`` or ``TypeError`` of a constructor (``gamma`` out of range, an unknown
+        loss name, ...) ends the command with ``lightning-losses COMMAND: error: KEY:
+        CLASS: MESSAGE`` and exit status 2 instead of jsonargparse's traceback, whose last
+        line names every type it tried. ``JSONARGPARSE_DEBUG=1`` keeps the traceback.
+        """
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        with constructor_errors_in_one_line(config, self.subcommand):
+            super().instantiate_classes()
+
 
 def _with_default_config(args: list[str]) -> list[str]:
-    """Insert the packaged default config after the subcommand when no config is given."""
+    """Insert the packaged default config after the subcommand when no config is given.
+
+    A ``--config`` that names a shipped config (``digits_focal``) gets its file
+    (:func:`_with_config_files`).
+    """
     if not args or args[0] not in SUBCOMMANDS:
         return args
+    args = _with_config_files(args)
     if any(a in ("-c", "--config") or a.startswith("--config=") for a in args[1:]):
         return args
     if any(a in ("-h", "--help") for a in args[1:]):
         return args
     return [args[0], "--config", default_config_path(), *args[1:]]
+
+
+def _with_config_files(args: list[str]) -> list[str]:
+    """``args`` with each ``--config NAME`` of a shipped config replaced by its file.
+
+    An unknown name ends the command with one line naming the closest names (exit status 2).
+    """
+    if not args or args[0] not in SUBCOMMANDS:
+        return args
+    try:
+        return resolve_config_args(args)
+    except ConfigNotFoundError as error:
+        usage_error(args[0], str(error))
 
 
 @contextmanager
@@ -233,7 +376,9 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
     """Run the CLI (``args`` defaults to the command line) and return it.
 
     With ``args`` given, the process's own command line is set aside while the CLI runs (it
-    is not the CLI's). A string for ``args`` is a TypeError.
+    is not the CLI's). A string for ``args`` is a TypeError. ``--verbose`` anywhere in the
+    arguments (or ``LIGHTNING_LOSSES_VERBOSE=1``) shows Lightning's and MLflow's output, which
+    is otherwise kept out while the CLI runs (:mod:`lightning_losses.quiet`).
 
     Example (in Python, e.g. a notebook or a test)::
 
@@ -246,24 +391,32 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
         "save_config_kwargs": {"overwrite": True},
         "save_config_callback": TrackingConfigCallback,
         "auto_configure_optimizers": False,
+        # One-line errors with "did you mean", a short --help (lightning_losses.cli_parser).
+        "parser_class": LossesArgumentParser,
         # No abbreviations: --trainer.max_epoch is an error, not --trainer.max_epochs.
         "parser_kwargs": {"description": DESCRIPTION, "allow_abbrev": False},
     }
     kwargs.update(cli_kwargs)
     if args is None:  # the command line: LightningCLI reads sys.argv itself
+        sys.argv[1:], verbose = take_verbose_flag(sys.argv[1:])
         sys.argv[1:] = _with_default_config(sys.argv[1:])
-        return LossesCLI(ClassifierModule, L.LightningDataModule, run=run, **kwargs)
+        with command_output(verbose):
+            return LossesCLI(
+                ClassifierModule, L.LightningDataModule, run=run, verbose=verbose, **kwargs
+            )
     if isinstance(args, str):
         raise TypeError(
             f"args must be a sequence of strings such as ['fit', '--config', 'x.yaml'], "
             f"not the string {args!r}"
         )
-    with _command_line_aside():
+    args, verbose = take_verbose_flag(args)
+    with _command_line_aside(), command_output(verbose):
         return LossesCLI(
             ClassifierModule,
             L.LightningDataModule,
-            args=_with_default_config(list(args)),
+            args=_with_default_config(args),
             run=run,
+            verbose=verbose,
             **kwargs,
         )
 

@@ -10,6 +10,10 @@ back.
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
+
+from .config_files import config_names
+from .loss_names import BUILTIN_LOSSES
 
 __all__ = [
     "COMMANDS",
@@ -18,7 +22,9 @@ __all__ = [
     "PROG",
     "SUMMARY",
     "build_parser",
+    "lightning_epilog",
     "sync_tracking_parser",
+    "version",
 ]
 
 #: Name of the console script.
@@ -51,6 +57,40 @@ DESCRIPTION = (
 )
 
 
+def version() -> str:
+    """The installed version of lightning-losses (the package's own when it is not installed).
+
+    Example:
+        >>> import lightning_losses
+        >>> version() == lightning_losses.__version__
+        True
+    """
+    try:
+        return metadata.version(PROG)
+    except metadata.PackageNotFoundError:  # pragma: no cover (a source tree on sys.path)
+        from . import __version__
+
+        return __version__
+
+
+def lightning_epilog() -> str:
+    """What ``fit --help`` (and ``validate``/``test``/``predict``) says below the options.
+
+    Example:
+        >>> text = lightning_epilog()
+        >>> "digits_focal" in text and "gamma_ce" in text
+        True
+    """
+    return (
+        f"Shipped configs (--config NAME, or the path of a file): {', '.join(config_names())}. "
+        f"Losses by registry name (--model.criterion NAME): {', '.join(BUILTIN_LOSSES)}; "
+        "--model.criterion.help CLASS lists a loss's hyper-parameters. The package's callbacks "
+        "and DataModules are listed under --trainer.callbacks and --data. The defaults shown "
+        "are those of the packaged default config (digits, gamma-CE annealed 0 -> 1), or of "
+        "the --config given."
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser of ``lightning-losses``: its ``--help`` lists the commands.
 
@@ -68,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"`{PROG} COMMAND --help` describes a command's options.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():
         commands.add_parser(name, help=summary, add_help=False)

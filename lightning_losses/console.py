@@ -20,7 +20,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .commands import COMMANDS, LIGHTNING_COMMANDS, build_parser, sync_tracking_parser
+from .cli_checks import check_command_line
+from .commands import (
+    COMMANDS,
+    LIGHTNING_COMMANDS,
+    PROG,
+    build_parser,
+    sync_tracking_parser,
+    version,
+)
 
 __all__ = ["console_main"]
 
@@ -44,10 +52,21 @@ def _reproduce(args: list[str]) -> int:
     return main(args)
 
 
-def _lightning(args: list[str] | None) -> int:
+def _lightning(args: list[str], from_command_line: bool) -> int:
+    """Run a LightningCLI command after the light checks (:mod:`lightning_losses.cli_checks`)."""
+    try:
+        args = check_command_line(args)
+    except ValueError as error:  # one line, before Lightning is imported
+        command = f"{PROG} {args[0]}" if args[0] in LIGHTNING_COMMANDS else PROG
+        print(f"{command}: error: {error}", file=sys.stderr)
+        return 2
     from .cli import main
 
-    main(args)
+    if from_command_line:  # LightningCLI reads sys.argv itself when run from the command line
+        sys.argv[1:] = args
+        main(None)
+    else:
+        main(args)
     return 0
 
 
@@ -58,17 +77,21 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name; ``None``: the command line
             (``sys.argv[1:]``).
 
-    Without a command, or with ``-h``/``--help`` alone, prints the list of commands; an unknown
-    command is a usage error (exit status 2) naming the commands.
+    Without a command, or with ``-h``/``--help`` alone, prints the list of commands;
+    ``--version`` prints ``lightning-losses VERSION``; an unknown command is a usage error
+    (exit status 2) naming the commands.
 
     Example:
         >>> console_main(["--help"])  # doctest: +ELLIPSIS
-        usage: lightning-losses [-h] COMMAND ...
+        usage: lightning-losses [-h] [--version] COMMAND ...
         ...
         0
     """
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else ""
+    if command == "--version":
+        print(f"{PROG} {version()}")
+        return 0
     if command == "sync-tracking":
         return _sync_tracking(args[1:])
     if command == "compare":
@@ -78,8 +101,7 @@ def console_main(argv: Sequence[str] | None = None) -> int:
     if command in LIGHTNING_COMMANDS or (
         command.startswith("-") and command not in ("-h", "--help")
     ):
-        # LightningCLI reads sys.argv itself when run from the command line.
-        return _lightning(None if argv is None else args)
+        return _lightning(args, from_command_line=argv is None)
     parser = build_parser()
     if command in ("-h", "--help"):
         parser.print_help()

@@ -8,22 +8,11 @@ from typing import Any
 from torch import nn
 
 from . import losses
+from .loss_names import BUILTIN_LOSSES, unknown_loss_message
 
+# The built-in names are listed, without torch, in loss_names (the console script reads them).
 _REGISTRY: dict[str, type[nn.Module]] = {
-    "ce": losses.CrossEntropyLoss,
-    "gamma_ce": losses.GammaCrossEntropyLoss,
-    "soft_accuracy": losses.SoftAccuracyLoss,
-    "focal": losses.FocalLoss,
-    "adaptive_focal": losses.AdaptiveFocalLoss,
-    "adafocal": losses.AdaFocalLoss,
-    "hard_truncated": losses.HardTruncatedLoss,
-    "soft_truncated": losses.SoftTruncatedLoss,
-    "binary_focal": losses.BinaryFocalLoss,
-    "binary_soft_truncated": losses.BinarySoftTruncatedLoss,
-    "binary_hard_truncated": losses.BinaryHardTruncatedLoss,
-    "exact": losses.EXACTLoss,
-    "multilabel_ce": losses.MultilabelCategoricalCrossEntropyLoss,
-    "nm_ce": losses.NMCategoricalCrossEntropyLoss,
+    name: getattr(losses, class_name) for name, class_name in BUILTIN_LOSSES.items()
 }
 
 
@@ -45,13 +34,18 @@ def register_loss(name: str, loss_class: type[nn.Module]) -> None:
 
 
 def loss_class(name: str) -> type[nn.Module]:
-    """The class registered as ``name``; ``ValueError`` listing the names if there is none."""
+    """The class registered as ``name``; ``ValueError`` listing the names if there is none.
+
+    Example:
+        >>> loss_class("focall")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown loss name 'focall'; did you mean 'focal'? (available: adafocal, ...)
+    """
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown loss name {name!r}; available: {', '.join(available_losses())}"
-        ) from None
+        raise ValueError(unknown_loss_message(str(name), _REGISTRY)) from None
 
 
 def get_loss(name: str, **hyperparameters: Any) -> nn.Module:

@@ -15,9 +15,6 @@ Usage: ``python scripts/demo.py [EPOCHS]`` (default 20), or ``make demo``.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import os
 import sys
 import time
@@ -39,37 +36,29 @@ CONFIGS = [
 ]
 #: Options that keep each fit quiet: no progress bar, no model summary table.
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-#: Loggers whose info lines (seeds, devices, tips, "fit stopped", store creation) stay out of
-#: the terminal, and the level they are set to.
-QUIET_LOGGERS = {
-    "lightning.pytorch": logging.WARNING,
-    "lightning.fabric": logging.WARNING,
-    "lightning_utilities": logging.WARNING,
-    "lightning.pytorch.loggers.mlflow": logging.ERROR,  # "Experiment ... not found. Creating it."
-    "mlflow": logging.WARNING,
-    "alembic": logging.WARNING,
-}
 
 
 def quiet() -> None:
-    """Library info lines off (after Lightning's and MLflow's imports, which set their levels)."""
-    import lightning.pytorch  # noqa: F401  (both set their loggers to INFO when imported)
-    import mlflow  # noqa: F401
+    """Lightning's and MLflow's info lines and warnings off (``LIGHTNING_LOSSES_VERBOSE=1``: on).
 
-    for name, level in QUIET_LOGGERS.items():
-        logging.getLogger(name).setLevel(level)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    The package's one home for it, :mod:`lightning_losses.quiet`, as for ``lightning-losses``.
+    """
+    from lightning_losses.quiet import silence_libraries, verbose_requested
+
+    if not verbose_requested():
+        silence_libraries()
 
 
 def run(name: str, epochs: int, seen: dict[str, list[str]]) -> dict[str, object]:
     """Fit one config; record each warning it raises in ``seen`` (message -> configs)."""
     from lightning_losses.cli import run_fit
+    from lightning_losses.quiet import fit_output_aside
 
     config = ROOT / "configs" / f"{name}.yaml"
     started = time.perf_counter()
     # Each fit's own summary lines (criterion, MLflow run) go to a buffer: the line per config
     # below says what the demo needs; every run is in the store.
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(record=True) as caught, fit_output_aside():
         warnings.simplefilter("always")
         for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
             warnings.simplefilter("ignore", category)  # library internals, not the user's run
@@ -116,8 +105,20 @@ def print_table(rows: list[dict[str, object]], epochs: int) -> None:
     print("NLL: softmax cross-entropy (multiclass, per task for nm) or sigmoid BCE (binary,")
     print("multi-label) of the model's probabilities, whatever loss trained it.")
     print("ECE: top-label, 15 equal-width bins (binary: the positive-class probability).")
-    print("Runs are tracked in MLflow: `lightning-losses compare --experiment lightning-losses`")
-    print("or `mlflow ui --backend-store-uri sqlite:///mlflow.db`.")
+    # The hints as this shell can run them: bare where the interpreter's scripts folder is on
+    # PATH (an activated venv), else by that folder's path (`.venv/bin/...` after `make demo`).
+    scripts = Path(sys.executable).parent
+    prefix = ""
+    if str(scripts) not in os.environ.get("PATH", "").split(os.pathsep):
+        here = Path.cwd()
+        prefix = f"{scripts.relative_to(here) if scripts.is_relative_to(here) else scripts}/"
+    print(
+        f"Runs are tracked in MLflow: `{prefix}lightning-losses compare --experiment "
+        "lightning-losses`"
+    )
+    print(f"or `{prefix}mlflow ui --backend-store-uri sqlite:///mlflow.db`.")
+    if prefix and (scripts / "activate").is_file():
+        print(f"`source {prefix}activate` puts both commands on your PATH.")
 
 
 def main_demo(epochs: int = 20, configs: list[str] | None = None) -> list[dict[str, object]]:

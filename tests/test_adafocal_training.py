@@ -332,6 +332,7 @@ def test_ddp_gammas_equal_the_single_process_update(tmp_path):
             "--trainer.devices=2",
             "--trainer.max_epochs=1",
             *QUICK,
+            "--verbose",  # Lightning's "GLOBAL_RANK: 1" line, printed by the second process
         ],
         capture_output=True,
         text=True,

@@ -131,7 +131,7 @@ def test_console_script_runs(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     config = str(ROOT / "configs" / "digits_ce.yaml")
     done = subprocess.run(
-        [str(script), "fit", "--config", config, *QUICK],
+        [str(script), "fit", "--config", config, *QUICK, "--verbose"],  # Lightning's lines too
         capture_output=True,
         text=True,
         env=env,

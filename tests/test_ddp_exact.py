@@ -83,7 +83,13 @@ def run_script(arguments: list[str], cwd: Path) -> str:
     env.pop("MLFLOW_TRACKING_URI", None)
     # A hang (collectives out of step) fails here instead of blocking the suite.
     done = subprocess.run(
-        [str(SCRIPT), *arguments], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+        # --verbose: Lightning's "GLOBAL_RANK: 1" line, printed by the second process.
+        [str(SCRIPT), *arguments, "--verbose"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..quiet import fit_output_aside, silence_libraries, verbose_requested
 from .claims import CLAIMS
 from .report import (
     ClaimResult,
@@ -66,22 +67,14 @@ def threshold_run(claim: Claim, tracking_uri: str, out: Path) -> tuple[str, bool
 
 
 def quiet_libraries() -> None:
-    """Keep library chatter out of the terminal: the progress lines are the output.
+    """Library chatter out of the terminal unless ``--verbose``: the progress lines are the output.
 
-    Lightning's info lines (seeds, "fit stopped", device summaries, tips), its and torch's
-    deprecation and future warnings, and MLflow's artifact progress bars; the runs, their
-    failures and the report are printed as before.
+    :func:`lightning_losses.quiet.silence_libraries`, for the whole process. Each fit's own
+    summary lines are kept out too (:func:`_run_one`); the runs, their failures, this
+    package's warnings and the report are printed.
     """
-    import logging
-    import warnings
-
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_utilities"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    for category in (DeprecationWarning, FutureWarning, PendingDeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)
-    warnings.filterwarnings("ignore", message=r".*(is deprecated|LeafSpec).*")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if not verbose_requested():
+        silence_libraries()
 
 
 def _no_conditions(table: Table) -> list:
@@ -100,7 +93,8 @@ def _run_one(
     claim: Claim, variant: Variant, seed: int, scale: float, tracking_uri: str, out: Path
 ) -> tuple[str, bool, float]:
     started = time.perf_counter()
-    run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
+    with fit_output_aside():  # the progress line says what matters; the run is in MLflow
+        run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
     return run_id, reused, time.perf_counter() - started
 
 
