@@ -39,7 +39,7 @@ COMMANDS: dict[str, str] = {
     "predict": "predict with a checkpoint (needs --ckpt_path)",
     "compare": "the runs of an MLflow experiment side by side (table, CSV, diagrams)",
     "sync-tracking": "replay the tracking calls a dead MLflow server missed (a spool)",
-    "reproduce": "test the source documents' claims with tracked runs, write reports/REPORT.md",
+    "reproduce": "test the source documents' claims with tracked runs, write a report with figures",
 }
 #: What ``lightning-losses --help`` says above the list of commands.
 SUMMARY = (
@@ -53,7 +53,8 @@ DESCRIPTION = (
     "digits, gamma-CE annealed 0 -> 1). Also: `lightning-losses compare` (runs of an MLflow "
     "experiment side by side), `lightning-losses sync-tracking SPOOL` (replay what a dead "
     "tracking server missed), `lightning-losses reproduce` (test the source documents' "
-    "claims, write reports/REPORT.md); each takes --help."
+    "claims, write a report: reports/REPORT.md for the full run, reproduce_runs/ for a "
+    "partial one); each takes --help."
 )
 
 
@@ -87,7 +88,8 @@ def lightning_epilog() -> str:
         "--model.criterion.help CLASS lists a loss's hyper-parameters. The package's callbacks "
         "and DataModules are listed under --trainer.callbacks and --data. The defaults shown "
         "are those of the packaged default config (digits, gamma-CE annealed 0 -> 1), or of "
-        "the --config given."
+        "the --config given. --verbose (anywhere on the command line) shows Lightning's and "
+        "MLflow's own output, which is hidden by default."
     )
 
 
