@@ -61,10 +61,8 @@ def clone_of_the_working_tree(target: Path) -> Path:
 def test_the_quick_look_leaves_the_committed_report_alone(tmp_path):
     words = quick_look()
     assert words[:2] == ["lightning-losses", "reproduce"]
-    assert words[2:] == ["--claims", "1", "3", "--seeds", "1"]
-    # Claim 3 trains 4 variants for 15 epochs (about 3 minutes on 2 cores); claim 1 alone
-    # (no training) writes a partial report and its figure the same way.
-    arguments = ["--claims", "1", "--seeds", "1"]
+    assert "--seeds" in words  # a partial run (the committed one has 3 seeds)
+    arguments = words[2:]  # exactly as documented
     clone = clone_of_the_working_tree(tmp_path / "clone")
     committed = (clone / "reports" / "REPORT.md").read_bytes()
     unset = ("MLFLOW_TRACKING_URI", "LIGHTNING_LOSSES_VERBOSE")
@@ -87,7 +85,7 @@ def test_the_quick_look_leaves_the_committed_report_alone(tmp_path):
     report = clone / lines[-1].removeprefix("report: ")
     assert report.is_file() and report.parent.parent == clone / "reproduce_runs"
     assert (report.parent / "claim1_losses.png").is_file()
-    assert "Claims 1; 1 seed(s)" in report.read_text()
+    assert "Claims 1, 6; 1 seed(s)" in report.read_text()
     git("check-ignore", "-q", str(report.relative_to(clone)), cwd=clone)  # raises if not
 
 
