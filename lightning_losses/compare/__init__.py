@@ -5,6 +5,9 @@ The package, by what each part does:
 - :mod:`~lightning_losses.compare.query`: the MLflow store, the experiment and its runs, one
   row per run (:func:`collect_runs`, :func:`run_row`, :data:`METRICS`, :data:`COLUMNS`), the
   fit's own wall time (:func:`fit_seconds`).
+- :mod:`~lightning_losses.compare.decide`: better, worse, equivalent within a margin or
+  undecided over seeds (paired or Welch t, TOST), the rule the report's verdicts use too
+  (:func:`decide`, :func:`pair_by_seed`, :func:`t_interval`).
 - :mod:`~lightning_losses.compare.params`: flattened MLflow params back to nested values
   (:func:`unflatten`).
 - :mod:`~lightning_losses.compare.describe`: a run's hyper-parameters as one short line: the
@@ -50,6 +53,7 @@ _EXPORTS: dict[str, str] = {
         "figure",
     ),
     "unflatten": "params",
+    **dict.fromkeys(("VERDICTS", "Decision", "decide", "pair_by_seed", "t_interval"), "decide"),
     **dict.fromkeys(
         (
             "COLUMNS",
