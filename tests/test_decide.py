@@ -23,6 +23,7 @@ def test_paired_interval_is_scipys(n, level):
     assert decision.low == pytest.approx(reference.low, abs=1e-12)
     assert decision.high == pytest.approx(reference.high, abs=1e-12)
     mean, low, high = t_interval(a - b, level)
+    assert mean == pytest.approx(np.mean(a - b), abs=1e-12)
     assert (low, high) == pytest.approx((reference.low, reference.high), abs=1e-12)
 
 

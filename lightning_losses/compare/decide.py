@@ -142,9 +142,7 @@ class Decision:
             >>> decide([0.01, 0.012, 0.011], margin=0.0).describe()
             'better (+0.0110, 95% paired t CI [+0.0085, +0.0135], n=3)'
         """
-        ci = (
-            f"{self.level:.0%} {self.method} CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
-        )
+        ci = f"{self.level:.0%} {self.method} CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
         head = self.verdict
         if self.verdict == "equivalent":
             head = f"equivalent within ±{self.margin:g}"
@@ -225,9 +223,7 @@ def decide(
             raise ValueError("candidate must hold at least one paired difference")
         n = len(candidate)
         mean, low, high = t_interval(candidate, level)
-        sd = (
-            math.sqrt(math.fsum((v - mean) ** 2 for v in candidate) / (n - 1)) if n > 1 else 0.0
-        )
+        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in candidate) / (n - 1)) if n > 1 else 0.0
         if n > 1:
             _, tost_low, tost_high = t_interval(candidate, 1 - 2 * (1 - level))
         else:
