@@ -8,6 +8,10 @@ The package, by what each part does:
 - :mod:`~lightning_losses.compare.decide`: better, worse, equivalent within a margin or
   undecided over seeds (paired or Welch t, TOST), the rule the report's verdicts use too
   (:func:`decide`, :func:`pair_by_seed`, :func:`t_interval`).
+- :mod:`~lightning_losses.compare.groups`: ``--group-by``: runs grouped by a param, one run
+  per seed, each group's mean and Student-t interval per metric and its verdict against a
+  baseline group (:func:`collect_records`, :func:`compare_groups`, :func:`format_groups`,
+  :func:`write_groups_csv`).
 - :mod:`~lightning_losses.compare.params`: flattened MLflow params back to nested values
   (:func:`unflatten`).
 - :mod:`~lightning_losses.compare.describe`: a run's hyper-parameters as one short line: the
@@ -53,6 +57,23 @@ _EXPORTS: dict[str, str] = {
         "figure",
     ),
     "unflatten": "params",
+    **dict.fromkeys(
+        (
+            "DEFAULT_MARGINS",
+            "GroupComparison",
+            "GroupRow",
+            "RunRecord",
+            "collect_records",
+            "compare_groups",
+            "format_groups",
+            "parse_level",
+            "parse_margins",
+            "resolve_group_by",
+            "verdict_text",
+            "write_groups_csv",
+        ),
+        "groups",
+    ),
     **dict.fromkeys(("VERDICTS", "Decision", "decide", "pair_by_seed", "t_interval"), "decide"),
     **dict.fromkeys(
         (

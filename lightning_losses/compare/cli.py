@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
-        ``descending``, ``out``, ``diagrams``, ``runs``, ``ece`` and ``wide``.
+        ``descending``, ``out``, ``diagrams``, ``runs``, ``ece`` and ``wide``, and for
+        configurations over seeds ``group_by``, ``pair_by``, ``baseline``, ``margin`` and
+        ``level``.
 
     Example:
         >>> args = build_parser().parse_args(["--sort-by", "acc", "--runs", "a1", "b2"])
@@ -69,7 +71,45 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"print every column in full (default: fit the terminal, or {_DEFAULT_WIDTH} "
         "columns when the output is not a terminal)",
     )
+    groups = parser.add_argument_group(
+        "configurations over seeds",
+        "one row per configuration and metric: mean over seeds with its Student-t interval, "
+        "the difference to a baseline group and a verdict (better, worse, equivalent within a "
+        "margin, or undecided with the seeds that would decide); writes groups.csv",
+    )
+    groups.add_argument(
+        "--group-by",
+        metavar="PARAM",
+        help="a run param (model.criterion.class_path, or its last parts: gamma), or run_name, "
+        "config, loss",
+    )
+    groups.add_argument(
+        "--pair-by",
+        choices=("seed",),
+        help="pair the runs of each group with the baseline's by seed_everything (paired t); "
+        "default: Welch's t, unpaired",
+    )
+    groups.add_argument(
+        "--baseline",
+        metavar="GROUP",
+        help="the group the others are compared with (default: the cross-entropy group, "
+        "else the first)",
+    )
+    groups.add_argument(
+        "--margin",
+        action="append",
+        metavar="METRIC=VALUE",
+        help="equivalence margin, repeatable (defaults: acc=0.01, nll=0.02, ece=0.005, "
+        "brier=0.005, smooth_ece=0.005)",
+    )
+    groups.add_argument(
+        "--level", metavar="LEVEL", help="level of the intervals, in (0, 1) (default 0.95)"
+    )
     return parser
+
+
+#: The options that only apply with ``--group-by``.
+_GROUP_OPTIONS = ("pair_by", "baseline", "margin", "level")
 
 
 def table_width() -> int:
@@ -92,9 +132,22 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         0 on success; 1 when there is no run to compare; 2 on an error (unknown experiment,
-        run or column, missing store), with the message on stderr.
+        run or column, missing store; with ``--group-by``: a param of no run, a baseline of no
+        group, unequal seeds to pair, a level outside (0, 1), a malformed margin), with the
+        message on stderr.
     """
     args = build_parser().parse_args(argv)
+    if args.group_by is None:
+        given = [name for name in _GROUP_OPTIONS if getattr(args, name) is not None]
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            print(
+                f"lightning-losses compare: error: {option} needs --group-by PARAM",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        return _compare_groups(args)
     from mlflow.exceptions import MlflowException
 
     from .figure import comparison_figure
@@ -121,6 +174,46 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table)
     print(f"\nwrote {csv_path}\nwrote {png_path}")
+    return 0
+
+
+def _compare_groups(args: argparse.Namespace) -> int:
+    """``compare --group-by``: print the groups' table and write ``groups.csv``."""
+    from mlflow.exceptions import MlflowException
+
+    from .groups import (
+        collect_records,
+        compare_groups,
+        format_groups,
+        parse_level,
+        parse_margins,
+        write_groups_csv,
+    )
+    from .query import resolve_tracking_uri
+
+    try:
+        level = parse_level(args.level)
+        margins = parse_margins(args.margin or [])
+        uri = resolve_tracking_uri(args.tracking_uri)
+        records = collect_records(args.experiment, tracking_uri=uri, run_ids=args.runs)
+        if not records:
+            print(f"no finished or running runs in experiment {args.experiment!r}", file=sys.stderr)
+            return 1
+        result = compare_groups(
+            records,
+            args.group_by,
+            pair_by=args.pair_by,
+            baseline=args.baseline,
+            level=level,
+            margins=margins,
+        )
+        text = format_groups(result, width=None if args.wide else table_width())
+        csv_path = write_groups_csv(result, Path(args.out) / "groups.csv")
+    except (ValueError, OSError, MlflowException) as error:
+        print(f"lightning-losses compare: error: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"\nwrote {csv_path}")
     return 0
 
 
