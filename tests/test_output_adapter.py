@@ -93,6 +93,12 @@ def reference_ece(model: pl.LightningModule, n_bins: int = 15) -> float:
     )
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    """Trainers here write their diagrams under the working folder: keep it out of the tree."""
+    monkeypatch.chdir(tmp_path)
+
+
 def trainer(callbacks, **kwargs) -> pl.Trainer:
     options = {
         "accelerator": "cpu",

@@ -6,6 +6,9 @@ ECE of Błasiok and Nakkiran (an O(grid) state). This package imports torch
 and torchmetrics only; netcal and matplotlib are imported lazily by the modules that need them.
 """
 
+from .aurc import AURC, aurc
+from .brier import BrierComponents, BrierDecomposition, brier_decomposition
+from .debiased import DebiasedCalibrationError, debiased_calibration_error
 from .functional import (
     accuracy,
     adaptive_calibration_error,
@@ -21,6 +24,7 @@ from .functional import (
     negative_log_likelihood,
     resolve_task,
 )
+from .intervals import CalibrationErrorInterval, calibration_error_interval
 from .metrics import (
     Accuracy,
     AdaptiveCalibrationError,
@@ -41,25 +45,34 @@ from .smooth import (
 )
 
 __all__ = [
+    "AURC",
     "Accuracy",
     "AdaptiveCalibrationError",
+    "BrierComponents",
+    "BrierDecomposition",
     "BrierScore",
     "CalibrationError",
+    "CalibrationErrorInterval",
     "CalibrationSummary",
     "ClasswiseCalibrationError",
+    "DebiasedCalibrationError",
     "MeanConfidence",
     "NegativeLogLikelihood",
     "SmoothCalibrationError",
     "SmoothReliabilityCurve",
     "accuracy",
     "adaptive_calibration_error",
+    "aurc",
     "binned_statistics",
+    "brier_decomposition",
     "brier_score",
     "calibration_error",
     "calibration_error_from_bins",
+    "calibration_error_interval",
     "classwise_binned_statistics",
     "classwise_calibration_error",
     "confidence_and_correct",
+    "debiased_calibration_error",
     "equal_mass_binned_statistics",
     "mean_confidence",
     "negative_log_likelihood",

@@ -30,7 +30,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["gamma_diagram", "reliability_diagram", "save_reliability_diagram"]
+__all__ = ["gamma_diagram", "reliability_diagram", "save_reliability_diagram", "wilson_interval"]
 
 #: Figure size in inches and resolution of the saved PNG (500 x 600 pixels).
 FIGSIZE = (5.0, 6.0)
@@ -104,6 +104,7 @@ def reliability_diagram(
     title: str | None = None,
     ece: float | None = None,
     show_histogram: bool = True,
+    level: float | None = None,
 ) -> Figure:
     """Draw a reliability diagram (and a confidence histogram) from per-bin sums.
 
@@ -119,6 +120,14 @@ def reliability_diagram(
     per non-empty bin, and ``fig.axes[1].containers`` a ``"Samples"`` container with one patch
     per bin.
 
+    With ``level`` (e.g. 0.95) every non-empty bin's accuracy also gets an error bar: the
+    Wilson score interval at that level of ``correct_sum_k`` successes in ``n_k`` trials,
+    ``(p + z^2/2n ± z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the normal
+    quantile of ``(1 + level) / 2`` (Wilson, "Probable inference, the law of succession, and
+    statistical inference", JASA 1927); it stays within [0, 1] and is not empty for a bin of one
+    sample. Its container is labelled ``"<level> Wilson interval"`` (e.g. ``"95% Wilson
+    interval"``) and its bounds are :func:`wilson_interval`.
+
     Args:
         count: samples per bin, shape ``[B]`` (tensor, array or sequence).
         conf_sum: sum of the top-label confidences per bin, shape ``[B]``.
@@ -128,6 +137,8 @@ def reliability_diagram(
         title: first line of the title of the top panel; the ECE goes on the line below.
         ece: the ECE to show; computed from the three arrays if ``None``.
         show_histogram: draw the bottom panel.
+        level: draw each bin's Wilson interval of its accuracy at this confidence level, in
+            (0, 1); ``None`` draws none.
 
     Returns:
         The :class:`matplotlib.figure.Figure` (Agg canvas, not registered with ``pyplot``).
@@ -182,6 +193,18 @@ def reliability_diagram(
         linewidth=0.6,
         label="Gap",
     )
+    if level is not None:
+        low, high = wilson_interval(count[nonempty], correct_sum[nonempty], level)
+        ax.errorbar(
+            edges + width / 2,
+            accuracy,
+            yerr=np.stack([accuracy - low, high - accuracy]).clip(min=0.0),
+            fmt="none",
+            ecolor="black",
+            elinewidth=0.9,
+            capsize=2.5,
+            label=f"{level:.0%} Wilson interval",
+        )
     ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="Perfect calibration")
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.0)
@@ -212,6 +235,32 @@ def reliability_diagram(
     if path is not None:
         fig.savefig(os.fspath(path), dpi=DPI)
     return fig
+
+
+def wilson_interval(count: Any, successes: Any, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of ``successes / count`` per bin, at ``level``: ``(low, high)``.
+
+    Bins with ``count = 0`` get ``[0, 1]``. Source: Wilson, JASA 1927.
+
+    Example:
+        >>> low, high = wilson_interval([10, 1], [7, 1], 0.95)
+        >>> np.round(low, 4), np.round(high, 4)
+        (array([0.3968, 0.2065]), array([0.8922, 1.    ]))
+    """
+    from statistics import NormalDist
+
+    if not (isinstance(level, float | int) and not isinstance(level, bool) and 0 < level < 1):
+        raise ValueError(f"level must be a float strictly between 0 and 1; got {level!r}")
+    n = np.asarray(count, dtype=np.float64)
+    p = np.asarray(successes, dtype=np.float64) / np.where(n > 0, n, 1.0)
+    z = NormalDist().inv_cdf((1.0 + level) / 2)
+    safe = np.where(n > 0, n, 1.0)
+    scale = 1.0 + z * z / safe
+    centre = (p + z * z / (2 * safe)) / scale
+    half = z * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe)) / scale
+    low = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), 0.0)
+    high = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), 1.0)
+    return low, high
 
 
 def save_reliability_diagram(

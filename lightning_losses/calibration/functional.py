@@ -3,7 +3,11 @@
 Every function takes ``preds`` and ``target`` in one of three forms, told apart by shapes and
 dtypes only (never by the values):
 
-- ``"multiclass"``: ``preds`` ``[N, C]``, integer class indices ``target`` ``[N]``;
+- ``"multiclass"``: ``preds`` ``[N, C]``, integer class indices ``target`` ``[N]``; or dense
+  ``preds`` ``[N, C, *]`` with ``target`` ``[N, *]`` (segmentation masks ``[N, H, W]``,
+  sequences ``[N, L]``), one multiclass decision per position: every function and ``Metric``
+  gives the value of the ``[N * prod(*), C]`` rows ``preds.movedim(1, -1).reshape(-1, C)``
+  with ``target.reshape(-1)``, flattened for you before any check;
 - ``"binary"``: ``preds`` ``[N]`` (positive-class probabilities or logits), ``target`` ``[N]``
   in {0, 1} (bool, integer or float);
 - ``"multilabel"``: ``preds`` ``[N, K]``, ``target`` ``[N, K]`` in {0, 1}; every label is a
@@ -23,14 +27,15 @@ that half dtype), NaN and infinite logits and out-of-range targets raise instead
 ``N``. Multiclass and binary: the sample (row) goes; multi-label: only that one (sample, label)
 decision. ``target`` must then hold hard labels: integers, or floats that are 0 or 1 where not
 ignored (soft targets raise a ``ValueError`` naming ``ignore_index``). When every entry is
-ignored the result is that of an empty input: NaN for every score here. The functions take
-``[N, C]``; flatten token-level outputs first, e.g. the ``[B, L, C]`` logits of a language
-model with ``[B, L]`` targets padded with -100::
+ignored the result is that of an empty input: NaN for every score here. Dense inputs take
+``ignore_index`` as well (ignored pixels or padding positions drop out), e.g. the ``[B, V, L]``
+logits of a language model with ``[B, L]`` targets padded with -100::
 
-    calibration_error(logits.flatten(0, -2), target.flatten(), input_format="logits",
-                      ignore_index=-100)
+    calibration_error(logits, target, input_format="logits", ignore_index=-100)
 
-Without ``ignore_index`` nothing is masked or copied.
+(the class dimension is the second: move a class-last ``[B, L, V]`` with ``logits.movedim(-1,
+1)``, or flatten it to ``[B * L, V]``). Without ``ignore_index`` nothing is masked or copied,
+except the one copy that moves the class dimension of dense inputs last.
 
 Equal-width binning uses ``B`` bins ``(k/B, (k+1)/B]``, a confidence of 0 in the first: the
 bin of ``c`` is ``clamp(ceil(c·B) - 1, 0, B-1)``, with the edges ``k/B`` rounded to the
@@ -53,6 +58,7 @@ from ..functional._validation import (
     check_sums_to_one,
     first_non_finite,
 )
+from ._dense import flatten_dense, is_dense
 
 Task = Literal["binary", "multiclass", "multilabel"]
 Norm = Literal["l1", "max", "l2", "mean"]
@@ -93,9 +99,10 @@ def check_n_bins(n_bins: int) -> None:
 def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
     """Return the task of ``(preds, target)`` from their shapes and dtypes, checking both.
 
-    ``preds [N]`` is binary; ``preds [N, C]`` with ``target [N]`` is multiclass; ``preds
-    [N, K]`` with ``target [N, K]`` is multi-label. An explicit ``task`` must agree with the
-    shapes. Both tensors must be on one device.
+    ``preds [N]`` is binary; ``preds [N, C]`` with ``target [N]`` is multiclass, and so is
+    ``preds [N, C, *]`` with ``target [N, *]`` (dense, see :mod:`._dense`); ``preds [N, K]``
+    with ``target [N, K]`` is multi-label. An explicit ``task`` must agree with the shapes.
+    Both tensors must be on one device.
 
     Raises:
         TypeError: ``preds`` is not a floating tensor, ``target`` is not a tensor, or a
@@ -110,6 +117,8 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
         'multilabel'
         >>> resolve_task(torch.rand(4), torch.tensor([0, 1, 1, 0]))
         'binary'
+        >>> resolve_task(torch.rand(2, 3, 8, 8), torch.zeros(2, 8, 8, dtype=torch.long))
+        'multiclass'
     """
     if task is not None:
         check_choice("task", task, TASKS)
@@ -128,10 +137,15 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
         found = "multiclass"
     elif preds.dim() == 2 and target.shape == preds.shape:
         found = "multilabel"
+    elif is_dense(preds, target):
+        found = "multiclass"
     else:
+        class_last = preds.dim() >= 3 and target.shape == preds.shape[:-1]
+        hint = " (class-last preds [N, *, C]: pass preds.movedim(-1, 1))" if class_last else ""
         raise ValueError(
             f"cannot match {shapes}: expected preds [N] with target [N] (binary), preds [N, C] "
-            "with target [N] (multiclass) or preds [N, K] with target [N, K] (multilabel)"
+            "with target [N] (multiclass), preds [N, C, *] with target [N, *] (dense "
+            f"multiclass) or preds [N, K] with target [N, K] (multilabel){hint}"
         )
     if found == "multiclass" and preds.shape[1] == 1:
         raise ValueError(
@@ -277,15 +291,20 @@ def _prepare(
 ) -> tuple[Tensor, Tensor, str]:
     """Check arguments; return detached ``preds``, ``target`` and the resolved task.
 
-    With ``ignore_index`` the ignored entries are dropped first (see :func:`_drop_ignored`), so
-    the value checks see only the kept ones.
+    Dense ``[N, C, *]`` preds with ``[N, *]`` targets come back as ``[M, C]`` rows and ``[M]``
+    targets (:func:`._dense.flatten_dense`). With ``ignore_index`` the ignored entries are
+    dropped first (see :func:`_drop_ignored`; dense inputs in the same copy as the
+    flattening), so the value checks see only the kept ones.
     """
     check_choice("input_format", input_format, INPUT_FORMATS)
     if ignore_index is not None:
         check_ignore_index(ignore_index)
     task = resolve_task(preds, target, task)
     preds, target = preds.detach(), target.detach()
-    if ignore_index is not None:
+    if is_dense(preds, target):
+        keep = None if ignore_index is None else _kept(target, ignore_index)
+        preds, target = flatten_dense(preds, target, None if keep is None or keep.all() else keep)
+    elif ignore_index is not None:
         preds, target = _drop_ignored(preds, target, ignore_index)
     if validate_args and not values_checked_later:
         _check_values(preds, target, task, input_format)
@@ -410,8 +429,10 @@ def confidence_and_correct(
     - multilabel: each label as binary, flattened to ``N * K`` pairs.
 
     Args:
-        preds: ``[N, C]``, ``[N]`` or ``[N, K]`` probabilities or logits (see the module doc).
-        target: ``[N]`` class indices, ``[N]`` or ``[N, K]`` labels in {0, 1}.
+        preds: ``[N, C]`` (or dense ``[N, C, *]``), ``[N]`` or ``[N, K]`` probabilities or
+            logits (see the module doc).
+        target: ``[N]`` (dense: ``[N, *]``) class indices, ``[N]`` or ``[N, K]`` labels in
+            {0, 1}.
         input_format: ``"probs"`` or ``"logits"``.
         task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``; ``None`` infers it from the
             shapes.
@@ -699,8 +720,10 @@ def calibration_error(
     Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
     Args:
-        preds: ``[N, C]`` (multiclass), ``[N]`` (binary) or ``[N, K]`` (multi-label) floats.
-        target: ``[N]`` class indices, or labels in {0, 1} of the shape of ``preds``.
+        preds: ``[N, C]`` or dense ``[N, C, *]`` (multiclass), ``[N]`` (binary) or ``[N, K]``
+            (multi-label) floats.
+        target: ``[N]`` (dense: ``[N, *]``) class indices, or labels in {0, 1} of the shape of
+            ``preds``.
         n_bins: number of equal-width bins.
         norm: ``"l1"`` (ECE), ``"max"`` (MCE), ``"l2"`` (RMSCE) or ``"mean"`` (netcal's ACE).
         input_format: ``"probs"`` or ``"logits"``.

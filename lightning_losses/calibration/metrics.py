@@ -25,6 +25,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from ..functional._validation import check_flag
+from . import bootstrap as BS
 from . import functional as CF
 from .functional import InputFormat, Norm, Task
 
@@ -74,9 +75,9 @@ class _CalibrationMetric(Metric):
         self.ignore_index = ignore_index
 
     def _resolve(self, preds: Tensor, target: Tensor) -> str:
-        """Task of this batch; checks ``num_classes`` against ``[N, C]`` preds."""
+        """Task of this batch; checks ``num_classes`` against ``[N, C]`` or ``[N, C, *]`` preds."""
         task = CF.resolve_task(preds, target, self.task)
-        if self.num_classes is not None and preds.dim() == 2 and preds.shape[1] != self.num_classes:
+        if self.num_classes is not None and preds.dim() >= 2 and preds.shape[1] != self.num_classes:
             raise ValueError(
                 f"preds has {preds.shape[1]} columns but the metric was built with "
                 f"num_classes={self.num_classes}"
@@ -527,6 +528,21 @@ class CalibrationSummary(_EqualWidthMetric):
     ``smooth_ece``, the smooth ECE of Błasiok and Nakkiran at its automatic bandwidth, equal to
     that metric's value on the same data.
 
+    With ``debiased=True`` ``compute`` adds ``ece_debiased`` and ``rmsce_debiased``, the
+    debiased errors of Kumar, Liang and Ma (``norm="l1"`` and ``"l2"`` of
+    :func:`~lightning_losses.calibration.debiased.debiased_calibration_error`), from the same
+    bins (no extra state). With ``intervals=True`` it adds ``<name>_low`` and ``<name>_high``
+    at ``level`` for ``ece`` (the interval of
+    :func:`~lightning_losses.calibration.intervals.calibration_error_interval`), ``brier``,
+    ``nll``, ``accuracy`` (percentile intervals of the replicates' means) and, with
+    ``smooth=True``, ``smooth_ece`` (basic bootstrap on a coarse grid), from ``n_bootstrap``
+    Poisson-bootstrap replicates whose weights depend only on ``(seed, sample position)``
+    (:mod:`lightning_losses.calibration.bootstrap`). Its extra states are float64 sums per
+    group of samples: ``boot_bins`` ``[n_groups, n_bins, 3]``, ``boot_scores`` ``[n_groups,
+    3]`` and, with ``smooth``, ``boot_grid`` ``[n_groups, 257, 2]``, plus the row counter
+    ``boot_seen``; none grows with ``N``. ``update`` then takes the samples' positions
+    (``index``); see :meth:`update`.
+
     ``input_format``, ``task``, ``validate_args``, ``ignore_index`` and ``kwargs`` are as in
     :class:`CalibrationError`.
 
@@ -534,6 +550,12 @@ class CalibrationSummary(_EqualWidthMetric):
         num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
         n_bins: number of equal-width bins.
         smooth: also compute the smooth ECE (``smooth_ece``; O(grid) state).
+        intervals: also compute bootstrap intervals (``<name>_low``, ``<name>_high``).
+        debiased: also compute ``ece_debiased`` and ``rmsce_debiased``.
+        level: confidence level of the intervals, in (0, 1).
+        n_bootstrap: bootstrap replicates (at least 2).
+        seed: the replicates' seed.
+        n_groups: groups the samples are hashed into (the bootstrap's units).
 
     Example:
         >>> metric = CalibrationSummary(n_bins=3)
@@ -559,13 +581,29 @@ class CalibrationSummary(_EqualWidthMetric):
         validate_args: bool = True,
         ignore_index: int | None = None,
         smooth: bool = False,
+        intervals: bool = False,
+        debiased: bool = False,
+        level: float = 0.95,
+        n_bootstrap: int = BS.DEFAULT_N_BOOTSTRAP,
+        seed: int = 0,
+        n_groups: int = BS.DEFAULT_N_GROUPS,
         **kwargs: Any,
     ) -> None:
         super().__init__(
             num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
         )
         check_flag("smooth", smooth)
+        check_flag("intervals", intervals)
+        check_flag("debiased", debiased)
         self.smooth = smooth
+        self.intervals = intervals
+        self.debiased = debiased
+        self.level = BS.check_level(level)
+        self.n_bootstrap = BS.check_n_bootstrap(n_bootstrap)
+        self.seed = BS.check_seed(seed)
+        self.n_groups = BS.check_n_groups(n_groups)
+        if intervals:
+            BS.add_states(self, n_bins=n_bins, n_groups=self.n_groups, scores=True, smooth=smooth)
         zero = torch.zeros((), dtype=torch.float64)
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
@@ -576,9 +614,23 @@ class CalibrationSummary(_EqualWidthMetric):
                 grid = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
                 self.add_state(name, default=grid, dist_reduce_fx="sum")
 
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        """Add a batch: its bin sums, Brier and NLL terms, top-label hits and confidences."""
+    @property
+    def full_state_update(self) -> bool:  # type: ignore[override]
+        """With intervals, ``forward`` updates the full state first: positions run on."""
+        return bool(getattr(self, "intervals", False))
+
+    def update(self, preds: Tensor, target: Tensor, index: Tensor | None = None) -> None:
+        """Add a batch: its bin sums, Brier and NLL terms, top-label hits and confidences.
+
+        ``index`` (used with ``intervals=True`` only): int ``[N]``, the samples' positions in
+        the data set. ``None``: row ``i`` of this batch is at ``rank + world_size * (rows seen
+        before + i)``, the positions of ``UnpaddedDistributedSampler`` (or of one process
+        reading the data set in order), so the intervals are the same over any batching and
+        any number of processes when each row is one sample of such a loader; other loaders
+        (shuffled, split otherwise) give rank-dependent intervals unless they pass ``index``.
+        """
         task = self._resolve(preds, target)
+        original_target = target
         preds, target, task = CF._prepare(
             preds,
             target,
@@ -610,6 +662,17 @@ class CalibrationSummary(_EqualWidthMetric):
             )
         self.top_correct.add_(top_correct.sum())
         self.top_confidence.add_(top_confidence.sum(dtype=torch.float64))
+        if self.intervals:
+            groups = BS.decision_groups(
+                self,
+                original_target,
+                index,
+                self.ignore_index,
+                seed=self.seed,
+                n_groups=self.n_groups,
+            )
+            scores = torch.stack([brier, nll, top_correct.to(torch.float64)], dim=1)
+            BS.add_batch(self, groups, confidence, correct, n_bins=self.n_bins, scores=scores)
 
     def compute(self) -> dict[str, Tensor]:
         """``{ece, mce, rmsce, brier, nll, accuracy, confidence}`` (synced across processes),
@@ -653,4 +716,20 @@ class CalibrationSummary(_EqualWidthMetric):
             from .smooth import smooth_calibration_error_from_grid
 
             values["smooth_ece"] = smooth_calibration_error_from_grid(self.mass, self.residual)
+        if self.debiased:
+            from .debiased import debiased_calibration_error_from_bins
+
+            values["ece_debiased"] = debiased_calibration_error_from_bins(*bins, "l1")
+            values["rmsce_debiased"] = debiased_calibration_error_from_bins(*bins, "l2")
+        if self.intervals:
+            values.update(
+                BS.interval_values(
+                    self,
+                    bins,
+                    level=self.level,
+                    n_bootstrap=self.n_bootstrap,
+                    seed=self.seed,
+                    smooth_estimate=values.get("smooth_ece"),
+                )
+            )
         return values

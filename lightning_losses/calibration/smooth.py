@@ -436,8 +436,10 @@ def smooth_calibration_error(
     with their ``relplot.smECE`` to about 1e-4.
 
     Args:
-        preds: ``[N, C]`` (multiclass), ``[N]`` (binary) or ``[N, K]`` (multi-label) floats.
-        target: ``[N]`` class indices, or labels in {0, 1} of the shape of ``preds``.
+        preds: ``[N, C]`` or dense ``[N, C, *]`` (multiclass), ``[N]`` (binary) or ``[N, K]``
+            (multi-label) floats.
+        target: ``[N]`` (dense: ``[N, *]``) class indices, or labels in {0, 1} of the shape of
+            ``preds``.
         bandwidth: ``None`` for ``σ*``, or a fixed ``σ >= 0.001`` (``relplot.smECE_sigma``).
         input_format: ``"probs"`` or ``"logits"``.
         task: ``None`` (inferred from shapes), ``"multiclass"``, ``"binary"``, ``"multilabel"``.

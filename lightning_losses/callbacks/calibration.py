@@ -85,13 +85,22 @@ def artifact_loggers(trainer: pl.Trainer) -> list[Any]:
     return found
 
 
-def _draw(state: DiagramState, paths: tuple[Path, Path], title: str, loggers: list[Any]) -> None:
-    """The binned diagram at ``paths[0]`` and, with a grid, the smoothed one at ``paths[1]``."""
+def _draw(
+    state: DiagramState,
+    paths: tuple[Path, Path],
+    title: str,
+    loggers: list[Any],
+    level: float | None = None,
+) -> None:
+    """The binned diagram at ``paths[0]`` and, with a grid, the smoothed one at ``paths[1]``.
+
+    ``level``: draw each bin's Wilson interval of its accuracy at that level.
+    """
     from lightning_losses.calibration.diagram import reliability_diagram
 
     bins, grid = state
     paths[0].parent.mkdir(parents=True, exist_ok=True)
-    reliability_diagram(*bins, path=paths[0], title=title)
+    reliability_diagram(*bins, path=paths[0], title=title, level=level)
     written = [paths[0]]
     if grid is not None:
         from lightning_losses.calibration.smooth_diagram import smooth_reliability_diagram
@@ -132,6 +141,19 @@ class CalibrationMonitor(Callback):
 
     Every metric comes from one :class:`~lightning_losses.calibration.CalibrationSummary`, one
     pass per validation batch.
+
+    Error bars: with ``debiased=True`` it also logs ``<stage>/ece_debiased`` and
+    ``<stage>/rmsce_debiased`` (the debiased ECE and l2 calibration error of Kumar, Liang and
+    Ma, "Verified Uncertainty Calibration", NeurIPS 2019). With ``intervals=True`` it logs
+    ``<stage>/<name>_low`` and ``<stage>/<name>_high`` at ``level`` for ``ece``, ``nll``,
+    ``brier``, ``accuracy`` and, with ``smooth=True``, ``smooth_ece`` (also when the module logs
+    the value itself), from ``n_bootstrap`` Poisson-bootstrap replicates whose weights depend
+    only on ``(seed, sample position)``; the reliability diagram then draws each bin's Wilson
+    interval of its accuracy at ``level``. Sample positions are counted per process in loader
+    order (``rank + world_size * k`` for the ``k``-th sample of a process): the dataset
+    position under :class:`~lightning_losses.data.UnpaddedDistributedSampler` and Lightning's
+    default unshuffled evaluation sampler, so the intervals are then the same on any number of
+    processes (see :class:`~lightning_losses.calibration.CalibrationSummary`).
 
     Names the module logs itself are the module's: the monitor never logs a key that something
     else logs for the stage. :class:`~lightning_losses.models.ClassifierModule` logs its own
@@ -178,6 +200,12 @@ class CalibrationMonitor(Callback):
             such as ``{"logits": "y_hat", "target": "y"}`` (dict keys) or ``{"logits": 0,
             "target": 1}`` (tuple positions), a callable ``outputs -> (logits, target)`` or
             its import path (see :mod:`lightning_losses.callbacks.outputs`).
+        intervals: also log bootstrap intervals (``<name>_low``, ``<name>_high``) and draw
+            per-bin Wilson intervals in the diagram.
+        debiased: also log ``ece_debiased`` and ``rmsce_debiased``.
+        level: confidence level of the intervals, in (0, 1).
+        n_bootstrap: bootstrap replicates (at least 2).
+        seed: the replicates' seed (an int in ``[0, 2**63)``).
 
     Example:
         >>> monitor = CalibrationMonitor(n_bins=10, diagram_every_n_epochs=5)
@@ -200,7 +228,13 @@ class CalibrationMonitor(Callback):
         ignore_index: int | None = None,
         smooth: bool = False,
         outputs: OutputsSpec = None,
+        intervals: bool = False,
+        debiased: bool = False,
+        level: float = 0.95,
+        n_bootstrap: int = 200,
+        seed: int = 0,
     ) -> None:
+        from lightning_losses.calibration import bootstrap as BS
         from lightning_losses.calibration import functional as CF
 
         self._read = OutputAdapter(outputs, owner="CalibrationMonitor")
@@ -212,6 +246,13 @@ class CalibrationMonitor(Callback):
         if diagram_every_n_epochs < 0:
             raise ValueError(f"diagram_every_n_epochs must be >= 0; got {diagram_every_n_epochs}")
         check_flag("smooth", smooth)
+        check_flag("intervals", intervals)
+        check_flag("debiased", debiased)
+        self.intervals = intervals
+        self.debiased = debiased
+        self.level = BS.check_level(level)
+        self.n_bootstrap = BS.check_n_bootstrap(n_bootstrap)
+        self.seed = BS.check_seed(seed)
         self.n_bins = n_bins
         self.input_format = input_format
         self.diagram_every_n_epochs = diagram_every_n_epochs
@@ -242,7 +283,16 @@ class CalibrationMonitor(Callback):
             "ignore_index": self.ignore_index,
         }
         # One metric, one pass per batch, for the seven equal-width and proper-score numbers.
-        summary = CM.CalibrationSummary(n_bins=self.n_bins, smooth=self.smooth, **options)
+        summary = CM.CalibrationSummary(
+            n_bins=self.n_bins,
+            smooth=self.smooth,
+            intervals=self.intervals,
+            debiased=self.debiased,
+            level=self.level,
+            n_bootstrap=self.n_bootstrap,
+            seed=self.seed,
+            **options,
+        )
         built: dict[str, Any] = {"summary": summary}
         if self.adaptive:
             built["adaptive_ece"] = CM.AdaptiveCalibrationError(n_bins=self.n_bins, **options)
@@ -401,7 +451,10 @@ class CalibrationMonitor(Callback):
         grid = None if grid is None else (grid[0].detach().cpu(), grid[1].detach().cpu())
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagram")
-        self._pending.append(self._executor.submit(_draw, (bins, grid), paths, title, loggers))
+        level = self.level if self.intervals else None
+        self._pending.append(
+            self._executor.submit(_draw, (bins, grid), paths, title, loggers, level)
+        )
         self.last_diagram = paths[0]
         self.last_smooth_diagram = paths[1] if grid is not None else None
 
