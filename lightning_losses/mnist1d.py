@@ -5,7 +5,9 @@ one-dimensional analogue of MNIST: each of the ten digits is a 1-D template that
 dilated, scaled, translated, sheared, blended with correlated and i.i.d. noise and resampled to
 40 points. :class:`MNIST1DDataModule` serves the standard split that mnist1d generates with its
 default arguments (4,000 training and 1,000 test sequences), or a freshly generated test set of
-any size, with the split, loader and DDP machinery of :mod:`lightning_losses.data`.
+any size (the published split is then served too, as ``published_test``), with the validation
+split held out of the training sequences or generated apart, and the split, loader and DDP
+machinery of :mod:`lightning_losses.data`.
 
 Generated arrays are cached as ``.npz`` files (see :func:`default_cache_dir`); the ``mnist1d``
 package (which imports matplotlib and requests) is imported only when a set is generated.
@@ -25,12 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import TensorDataset
 
-from .data import _check_fraction, _SplitDataModule
+from .data import SPLITS, _check_fraction, _SplitDataModule
 
 __all__ = ["MNIST1DDataModule", "default_cache_dir"]
 
 NUM_CLASSES = 10
+#: Where the validation split comes from: held out of the training sequences, or generated.
+VAL_SOURCES = ("split", "generated")
+#: The split of the published test sequences when the test split is a generated set.
+PUBLISHED_TEST = "published_test"
 
 # mnist1d's ``get_dataset_args()`` without its download ``url`` (a test checks that they agree).
 # The cache key is a hash of this dict with the exposed arguments filled in, and generation is
@@ -209,7 +217,15 @@ class MNIST1DDataModule(_SplitDataModule):
     and validation splits do not change. That set is standardised by its own mean and standard
     deviation, as mnist1d does for any generated set; it is drawn from the same distribution,
     so these statistics agree with the training set's up to sampling error. Use it for a test
-    error with less sampling noise than the standard 1,000 test sequences give.
+    error with less sampling noise than the standard 1,000 test sequences give. The standard
+    test sequences are then the extra split ``"published_test"`` (:attr:`extra_splits`;
+    ``dataset("published_test")``), for numbers comparable with the published table.
+
+    With ``val_source="generated"`` the validation split is a separate set of ``val_samples``
+    sequences generated with seed ``val_seed`` (standardised by its own statistics, like the
+    generated test set), and every training sequence trains: the published training set stays
+    whole, as in the paper's protocol, and ``val_fraction`` is not used. With the default
+    ``val_source="split"``, ``val_fraction`` of the training sequences are held out.
 
     Batches are ``(features [B, 40] float32, target [B] int64)``; the task is ``"multiclass"``
     with 10 classes. The predict loader yields the test features.
@@ -236,10 +252,16 @@ class MNIST1DDataModule(_SplitDataModule):
         generation_seed: seed of the generator (mnist1d's ``seed``).
         cache_dir: folder of the cached arrays (default: :func:`default_cache_dir`).
         num_workers: DataLoader worker processes.
+        val_source: ``"split"`` (``val_fraction`` of the training sequences) or
+            ``"generated"`` (``val_samples`` sequences generated with ``val_seed``).
+        val_samples: size of the generated validation set, a multiple of 10 and at least 10.
+        val_seed: seed of the generated validation set; must differ from ``generation_seed``
+            and, with ``test_samples``, from ``test_seed``.
 
     Raises:
         ValueError: an argument out of range, ``test_seed == generation_seed`` with
-            ``test_samples``, or splits too small to stratify by the 10 labels.
+            ``test_samples``, ``val_seed`` equal to either with ``val_source="generated"``,
+            or splits too small to stratify by the 10 labels.
         TypeError: ``cache_dir`` is not a path.
         OSError: arrays must be generated and ``cache_dir`` cannot be written.
 
@@ -268,6 +290,9 @@ class MNIST1DDataModule(_SplitDataModule):
         generation_seed: int = 42,
         cache_dir: str | None = None,
         num_workers: int = 0,
+        val_source: str = "split",
+        val_samples: int = 1000,
+        val_seed: int = 2,
     ) -> None:
         _check_fraction("val_fraction", val_fraction)
         # The base checks batch_size, seed, val_fraction and num_workers. Its test_fraction (a
@@ -294,6 +319,25 @@ class MNIST1DDataModule(_SplitDataModule):
                 f"test_seed must differ from generation_seed={generation_seed} (the same seed "
                 f"would repeat training sequences in the test set), got {test_seed}"
             )
+        if val_source not in VAL_SOURCES:
+            raise ValueError(f"val_source must be one of {VAL_SOURCES}, got {val_source!r}")
+        generated_val = val_source == "generated"
+        if generated_val:
+            _check_int("val_samples", val_samples, NUM_CLASSES)
+            if val_samples % NUM_CLASSES:
+                raise ValueError(
+                    f"val_samples must be a multiple of {NUM_CLASSES} (mnist1d makes "
+                    f"val_samples // {NUM_CLASSES} per class), got {val_samples}"
+                )
+            _check_int("val_seed", val_seed, 0, 2**32 - 1)
+            taken = {generation_seed: "generation_seed"}
+            if test_samples is not None:
+                taken[test_seed] = "test_seed"
+            if val_seed in taken:
+                raise ValueError(
+                    f"val_seed must differ from {taken[val_seed]}={val_seed} (the same seed "
+                    f"would repeat its sequences in the validation set), got {val_seed}"
+                )
         if (
             isinstance(train_split, bool)
             or not isinstance(train_split, (int, float))
@@ -311,7 +355,7 @@ class MNIST1DDataModule(_SplitDataModule):
                 f"training and {n_test} test sequences; both must be at least 1"
             )
         n_val = round(val_fraction * n_train)
-        if min(n_val, n_train - n_val) < NUM_CLASSES:
+        if not generated_val and min(n_val, n_train - n_val) < NUM_CLASSES:
             raise ValueError(
                 f"val_fraction={val_fraction} of {n_train} training sequences leaves {n_val} "
                 f"for validation and {n_train - n_val} for training; stratifying by the "
@@ -326,6 +370,9 @@ class MNIST1DDataModule(_SplitDataModule):
 
         self.test_samples = test_samples
         self.test_seed = test_seed
+        self.val_source = val_source
+        self.val_samples = val_samples
+        self.val_seed = val_seed
         self.num_samples = num_samples
         self.train_split = train_split
         self.generation_seed = generation_seed
@@ -346,15 +393,51 @@ class MNIST1DDataModule(_SplitDataModule):
             self.cache_files.append(test_path)
             x_test, y_test = test_data["x_test"], test_data["y_test"]
 
-        features = np.concatenate([data["x"], x_test]).astype(np.float32)
-        targets = np.concatenate([data["y"], y_test]).astype(np.int64)
+        parts_x, parts_y = [data["x"], x_test], [data["y"], y_test]
+        test = np.arange(n_train, n_train + len(y_test))
+        extra: dict[str, np.ndarray] = {}
+        if test_samples is not None and len(data["y_test"]):  # the published split beside it
+            start = n_train + len(y_test)
+            extra[PUBLISHED_TEST] = np.arange(start, start + len(data["y_test"]))
+            parts_x.append(data["x_test"])
+            parts_y.append(data["y_test"])
+        if generated_val:
+            #: mnist1d's arguments of the generated validation set (None: held out of x).
+            self.val_generation_args = _generation_args(val_samples, 0.0, val_seed)
+            val_data, val_path = _cached_dataset(self.val_generation_args, directory)
+            self.cache_files.append(val_path)
+            start = sum(len(y) for y in parts_y)
+            val = np.arange(start, start + len(val_data["y_test"]))
+            parts_x.append(val_data["x_test"])
+            parts_y.append(val_data["y_test"])
+            train = np.arange(n_train)
+        else:
+            self.val_generation_args = None
+            train, val = self._split_training(data["y"].astype(np.int64), n_val)
+        features = np.concatenate(parts_x).astype(np.float32)
+        targets = np.concatenate(parts_y).astype(np.int64)
         features.flags.writeable = False
         targets.flags.writeable = False
-        train, val = self._split_training(data["y"].astype(np.int64), n_val)
-        test = np.arange(n_train, n_train + len(y_test))
         self.test_fraction = len(test) / len(targets)
-        splits = {"train": train, "val": val, "test": test}
+        splits = {"train": train, "val": val, "test": test, **extra}
         self._set_data(features, targets, splits, task="multiclass", num_classes=NUM_CLASSES)
+
+    @property
+    def extra_splits(self) -> tuple[str, ...]:
+        """Splits beyond train / val / test: ``("published_test",)`` with ``test_samples``
+        (unless ``train_split=1.0`` leaves no published test sequences)."""
+        return tuple(name for name in self.split_indices if name not in SPLITS)
+
+    def dataset(self, split: str) -> TensorDataset:
+        """The ``(features, target)`` dataset of ``split``: ``"train"``, ``"val"``, ``"test"``
+        or one of :attr:`extra_splits`."""
+        if split not in self.extra_splits:
+            return super().dataset(split)
+        index = self.split_indices[split]
+        return TensorDataset(
+            torch.from_numpy(np.array(self._features[index], dtype=np.float32)),
+            torch.from_numpy(np.array(self._targets[index])),
+        )
 
     def _split_training(self, labels: np.ndarray, n_val: int) -> tuple[np.ndarray, np.ndarray]:
         """Sorted train and validation indices into mnist1d's ``x``, stratified by label."""

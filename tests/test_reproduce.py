@@ -1,4 +1,7 @@
-"""``lightning-losses reproduce``: verdict rules, claim 1's numbers, and claim 3 end to end."""
+"""``lightning-losses reproduce``: verdict rules, claim 1's numbers, and claim 3 end to end.
+
+The verdict rules are checked against Student's t intervals and TOST computed here with SciPy.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 from scipy.optimize import minimize, minimize_scalar
 
 from lightning_losses.cli import main as cli_main
@@ -17,6 +21,7 @@ from lightning_losses.reproduce.spec import (
     MIXED,
     NOT_SUPPORTED,
     SUPPORTED,
+    UNDECIDED,
     Condition,
     Variant,
     against,
@@ -24,7 +29,9 @@ from lightning_losses.reproduce.spec import (
     config_path,
     load_experiment,
     load_variants,
+    mean_of,
     verdict,
+    verdict_text,
 )
 from lightning_losses.reproduce.threshold import analysis
 
@@ -59,44 +66,101 @@ def test_verdict_supported_only_when_every_condition_holds() -> None:
     assert verdict(gamma_ce_conditions(_table(CE, nothing))) == NOT_SUPPORTED
 
 
-def test_a_difference_within_the_seed_noise_does_not_support_a_difference() -> None:
+def t_ci(d, level: float = 0.95) -> tuple[float, float]:
+    """The two-sided Student-t interval of the mean of ``d``, written out."""
+    d = np.asarray(d, dtype=np.float64)
+    half = scipy_stats.t.ppf((1 + level) / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return d.mean() - half, d.mean() + half
+
+
+def seeds_to_decide(d, margin: float) -> int:
+    """The fewest seeds at which this mean and spread would give a verdict (paired t)."""
+    d = np.asarray(d, dtype=np.float64)
+    mean, sd = abs(d.mean()), d.std(ddof=1)
+    for n in range(len(d) + 1, 1001):
+        se = sd / math.sqrt(n)
+        if mean > scipy_stats.t.ppf(0.975, n - 1) * se:
+            return n
+        if margin > 0 and mean + scipy_stats.t.ppf(0.95, n - 1) * se < margin:
+            return n
+    raise AssertionError("not decided within 1000 seeds")
+
+
+def test_a_difference_within_the_seed_noise_is_undecided_with_the_seeds_it_needs() -> None:
     # The mean ECE is lower, but one seed of three goes the other way.
     ece = [0.02, 0.07, 0.03]
     table = _table(CE, {"rep/test_ece": ece})
     condition = compare(table, "ECE < ECE(ce)", "gamma_0.5", "<", "ce", "rep/test_ece")
-    diffs = np.array(CE["rep/test_ece"]) - np.array(ece)
-    assert condition.margin == pytest.approx(diffs.mean())
-    assert condition.noise == pytest.approx(2 * diffs.std(ddof=1) / np.sqrt(3))
-    assert 0 < condition.margin < condition.noise
-    assert condition.outcome == "within noise" and not condition.holds
-    assert condition.describe().endswith("-> within noise: does not hold")
+    diffs = np.array(ece) - np.array(CE["rep/test_ece"])
+    low, high = t_ci(diffs)  # t with 2 degrees of freedom: 4.303 standard errors, not 2
+    assert (condition.decision.low, condition.decision.high) == pytest.approx((low, high))
+    reference = scipy_stats.ttest_rel(ece, CE["rep/test_ece"]).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((reference.low, reference.high))
+    assert condition.difference == pytest.approx(diffs.mean()) and low < 0 < high
+    assert condition.outcome == UNDECIDED and not condition.holds
+    k = seeds_to_decide(diffs, 0.0)
+    assert condition.decision.seeds_needed == k
+    assert condition.describe().endswith(f"-> undecided (needs ~{k} seeds)")
+    assert verdict_text([condition]) == f"undecided (needs ~{k} seeds)"
 
 
-def test_a_claim_of_no_difference_holds_within_the_noise_only() -> None:
+def test_two_standard_errors_are_not_enough_with_three_seeds() -> None:
+    # Mean difference 2.5 standard errors below 0: the old 2-SE rule called it a difference;
+    # t with 2 degrees of freedom needs 4.303.
+    ece = [0.035, 0.055, 0.025]  # differences -0.015, -0.005, -0.015: mean -0.01167
+    table = _table(CE, {"rep/test_ece": ece})
+    condition = compare(table, "ECE < ECE(ce)", "gamma_0.5", "<", "ce", "rep/test_ece")
+    diffs = np.array(ece) - np.array(CE["rep/test_ece"])
+    se = diffs.std(ddof=1) / math.sqrt(3)
+    assert 2 < -diffs.mean() / se < scipy_stats.t.ppf(0.975, 2)
+    assert condition.outcome == UNDECIDED
+
+
+def test_a_claim_of_no_difference_needs_equivalence_within_its_margin() -> None:
     def about_the_same(acc: list[float]) -> Condition:
         table = _table(CE, {"rep/test_acc": acc})
         return compare(
-            table, "acc >= acc(ce)", "gamma_0.5", ">=", "ce", "rep/test_acc", noise_holds=True
+            table, "acc not below acc(ce)", "gamma_0.5", ">=", "ce", "rep/test_acc", margin=0.01
         )
 
-    assert about_the_same([0.93, 0.97, 0.93]).outcome == "within noise"
-    assert about_the_same([0.93, 0.97, 0.93]).holds
+    # No difference detected is not equivalence: the 90% interval reaches past -0.01.
+    noisy = about_the_same([0.93, 0.97, 0.93])
+    d = np.array([0.93, 0.97, 0.93]) - np.array(CE["rep/test_acc"])
+    assert t_ci(d)[0] < 0 < t_ci(d)[1] and t_ci(d, 0.90)[0] < -0.01
+    assert noisy.outcome == UNDECIDED and not noisy.holds
+    assert noisy.decision.seeds_needed == seeds_to_decide(d, 0.01)
+    # Two one-sided tests at alpha 0.05: the 90% interval inside (-0.01, 0.01).
+    close = [0.951, 0.958, 0.941]
+    d = np.array(close) - np.array(CE["rep/test_acc"])
+    low, high = t_ci(d, 0.90)
+    assert -0.01 < low and high < 0.01
+    equivalent = about_the_same(close)
+    assert equivalent.holds and equivalent.describe().endswith("-> holds: equivalent within ±0.01")
     clearly_worse = about_the_same([0.90, 0.91, 0.89])
     assert clearly_worse.outcome == "fails" and not clearly_worse.holds
+    # "~" (about the same) needs its margin.
+    with pytest.raises(ValueError, match="needs an equivalence margin"):
+        compare(_table(CE, {"rep/test_acc": close}), "a ~ b", "gamma_0.5", "~", "ce", "a")
 
 
-def test_against_a_constant_uses_the_standard_error_of_the_mean() -> None:
-    table = {"v": {"m": mean_std([0.91, 0.95, 0.93])}}
+def test_against_a_constant_uses_students_t_for_the_number_of_seeds() -> None:
+    values = [0.91, 0.95, 0.93]
+    table = {"v": {"m": mean_std(values)}}
     condition = against(table, "m >= 0.9", "v", "m", ">=", 0.9)
-    assert condition.noise == pytest.approx(2 * 0.02 / np.sqrt(3))
-    assert condition.holds
-    assert against(table, "m >= 0.92", "v", "m", ">=", 0.92).outcome == "within noise"
+    reference = scipy_stats.ttest_1samp(values, 0.9).confidence_interval(0.95)  # of the mean
+    assert (condition.decision.low, condition.decision.high) == pytest.approx(
+        (reference.low - 0.9, reference.high - 0.9)
+    )
+    assert reference.low < 0.9 and condition.outcome == UNDECIDED  # 2 SE (0.023) would hold
+    five = [0.91, 0.95, 0.93, 0.92, 0.94]
+    held = against({"v": {"m": mean_std(five)}}, "m >= 0.9", "v", "m", ">=", 0.9)
+    assert scipy_stats.ttest_1samp(five, 0.9).confidence_interval(0.95).low > 0.9 and held.holds
 
 
 def test_verdict_missing_numbers_never_support() -> None:
     assert verdict([]) == NOT_SUPPORTED
     assert verdict([Condition("x < 1", math.nan, "<", 1.0)]) == NOT_SUPPORTED
-    assert Condition("x < 1", math.nan, "<", 1.0, noise_holds=True).outcome == "missing"
+    assert Condition("x ~ 1", math.nan, "~", 1.0, margin=0.1).outcome == "missing"
     better = {"rep/test_acc": [0.95, 0.96, 0.94], "rep/test_ece": [0.02, 0.03, 0.01]}
     better |= {"rep/nll_gap": [0.05, 0.07, 0.03]}
     table = _table(CE, better)
@@ -108,6 +172,19 @@ def test_condition_describe_and_bad_operator() -> None:
     assert Condition("a", 1.0, "<=", 1.0).describe() == "a: 1.0000 <= 1.0000 -> holds"
     with pytest.raises(ValueError, match="op must be"):
         Condition("a", 1.0, "==", 1.0)
+    with pytest.raises(ValueError, match="margin must be a finite number >= 0"):
+        Condition("a", 1.0, ">=", 1.0, margin=-0.1)
+
+
+def test_a_claim_is_undecided_only_while_no_condition_holds_against_one_that_fails() -> None:
+    holds, fails = Condition("h", 1.0, "<", 2.0), Condition("f", 3.0, "<", 2.0)
+    table = _table(CE, {"rep/test_ece": [0.02, 0.07, 0.03]})
+    open_ = compare(table, "u", "gamma_0.5", "<", "ce", "rep/test_ece")
+    assert verdict([holds, open_]) == UNDECIDED and verdict([fails, open_]) == UNDECIDED
+    assert verdict([holds, fails, open_]) == MIXED
+    one_seed = _table({"rep/test_ece": [0.05]}, {"rep/test_ece": [0.02]})
+    single = compare(one_seed, "u", "gamma_0.5", "<", "ce", "rep/test_ece")
+    assert verdict_text([holds, single]) == "undecided (needs at least 2 seeds)"
 
 
 def test_aggregate_pairs_values_by_seed_when_a_run_is_missing() -> None:
@@ -119,7 +196,9 @@ def test_aggregate_pairs_values_by_seed_when_a_run_is_missing() -> None:
     assert table["b"]["m"][:3] == (1.0, pytest.approx(math.sqrt(2)), 2)
     # pairs (1, 0) and (3, 2): differences 1 and 1, no noise
     condition = compare(table, "a > b", "a", ">", "b", "m")
-    assert condition.noise == 0.0 and condition.margin == 2.0
+    assert condition.decision.n == 2 and condition.difference == 1.0
+    assert (condition.decision.low, condition.decision.high) == (1.0, 1.0) and condition.holds
+    assert (condition.left, condition.right) == (3.0, 1.0)  # the means shown beside it
 
 
 def test_aggregate_mean_std() -> None:
@@ -131,13 +210,18 @@ def test_aggregate_mean_std() -> None:
 
 def test_claim5_best_fixed_scale_comes_from_the_table() -> None:
     def row(acc: float, nll: float) -> dict:
-        return {"rep/test_acc": mean_std([acc]), "rep/test_nll": mean_std([nll])}
+        spread = (-0.01, 0.0, 0.012)
+        return {
+            "rep/test_acc": mean_std([acc + e for e in spread]),
+            "rep/test_nll": mean_std([nll + e for e in spread]),
+        }
 
     table = {"normface_s1": row(0.5, 1.4), "normface_s4": row(0.97, 0.2)}
     table |= {"normface_s16": row(0.96, 0.1)}
     nll, acc, *_ = scale_conditions(table)
-    assert "normface_s16" in nll.text and (nll.left, nll.right) == (1.4, 0.1)
-    assert "normface_s4" in acc.text and (acc.left, acc.right) == (0.5, 0.97)
+    assert "normface_s16" in nll.text
+    assert (nll.left, nll.right) == pytest.approx((1.4 + 0.002 / 3, 0.1 + 0.002 / 3))
+    assert "normface_s4" in acc.text and acc.difference == pytest.approx(0.5 - 0.97)
     assert nll.holds and acc.holds
 
 
@@ -291,9 +375,11 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
         for key, _ in CLAIM_3.metrics:
             assert f"{metrics[key]:.4f} ± 0.0000" in row
         table[variant.name] = {key: mean_std([value]) for key, value in metrics.items()}
-    # The verdict and every condition line follow from the numbers in MLflow.
+    # The verdict and every condition line follow from the numbers in MLflow: with one seed,
+    # nothing over seeds can be decided.
     conditions = gamma_ce_conditions(table)
-    assert f"**Verdict: {verdict(conditions)}**" in text
+    assert f"**Verdict: {verdict_text(conditions)}**" in text
+    assert "undecided (needs at least 2 seeds)" in text
     for condition in conditions:
         assert f"- {condition.describe()}" in text
     for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
@@ -354,7 +440,7 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -
         "one variant cannot run",
         "a test",
         (("rep/test_acc", "test acc"),),
-        lambda table: [against(table, "acc(ok) >= 0", "ok", "rep/test_acc", ">=", 0.0)],
+        lambda table: [Condition("acc(ok) >= 0", mean_of(table, "ok", "rep/test_acc"), ">=", 0)],
         fixed_variants=(
             Variant("ok", "configs/digits_ce.yaml", epochs=1),
             Variant("bad", "configs/digits_ce.yaml", ("--model.criterion.init_args.gama=1",), 1),
@@ -395,6 +481,7 @@ def test_jobs_run_fits_in_worker_processes_into_a_new_store(tmp_path, monkeypatc
 
     from lightning_losses.reproduce import run_claim
     from lightning_losses.reproduce.spec import Claim
+    from lightning_losses.reproduce.version import code_version
 
     monkeypatch.chdir(tmp_path)
     claim = Claim(
@@ -424,6 +511,8 @@ def test_jobs_run_fits_in_worker_processes_into_a_new_store(tmp_path, monkeypatc
             str(seed),
             "1",
         )
+        # each worker process tags its run with the same code version as this process
+        assert tags["lightning_losses.code_version"] == code_version()
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert [line.split(" claim")[0] for line in progress] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
     assert all(re.search(r": \w{32} \(\d+\.\d s\) ETA \d+ s$", line) for line in progress)

@@ -1,10 +1,12 @@
 """``lightning-losses reproduce``: test the sources' claims with tracked runs, write a report.
 
 ``lightning-losses reproduce [--claims 1 3] [--seeds 3] [--out reports/] [--tracking-uri URI]
-[--epochs-scale F] [--jobs J]`` runs (or reuses, by MLflow tags) every variant of each claim
-for each seed, one MLflow experiment per claim (``claim-3-gamma-ce``...), reads the numbers
-back from MLflow and writes ``<out>/REPORT.md`` with a table (mean ± std over seeds), a
-verdict with the numbers it rests on, the run ids and the figures.
+[--epochs-scale F] [--jobs J] [--fresh]`` runs (or reuses, by MLflow tags, runs of the same code
+version: :mod:`~lightning_losses.reproduce.version`) every variant of each claim for each seed,
+one MLflow experiment per claim (``claim-3-gamma-ce``...), reads the numbers back from MLflow
+and writes ``<out>/REPORT.md`` with a table (mean ± std over seeds), a verdict decided by
+:func:`lightning_losses.compare.decide.decide` with the numbers it rests on, the run ids, the
+figures and an appendix of every per-seed value.
 
 Importing this package is light (the standard library only): :func:`main` and
 :func:`parse_args` come from :mod:`~lightning_losses.reproduce.cli`, and every other name

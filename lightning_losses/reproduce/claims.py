@@ -1,15 +1,23 @@
 """The claims that ``lightning-losses reproduce`` tests, each with its verdict rule.
 
-The runs of claims 2-6 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
-shipped config plus overrides each. Every trained variant uses the same MLP (128, 64), Adam
-(lr 0.003), batch 64, the same seeds and the same number of epochs within a claim (hard
-truncation's longer arm excepted, which is the point of that arm); each loss keeps the
+The runs of claims 2-8 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
+shipped config plus overrides each. On digits (claims 2-6) every trained variant uses the same
+MLP (128, 64), Adam (lr 0.003), batch 64, the same seeds and the same number of epochs within a
+claim (the ``*_long`` arms excepted, whose extra epochs are what they test); on MNIST-1D
+(claims 7-8) the recipe of the shipped ``configs/mnist1d_*.yaml``. Each loss keeps the
 hyper-parameters of its shipped config, with no per-loss tuning.
+
+Every comparison over seeds is decided by :func:`~lightning_losses.compare.decide.decide`
+(see :mod:`~lightning_losses.reproduce.spec`): a claimed difference (``<``, ``>``) must show
+beyond the noise; "about the same" and "not below by more than" state their margins
+(:data:`ACC_TOLERANCE`, :data:`ECE_MARGIN`, :data:`PUBLISHED_TOLERANCE`) and are tested by two
+one-sided tests.
 """
 
 from __future__ import annotations
 
 from .spec import (
+    EQUIVALENT,
     Claim,
     Condition,
     Table,
@@ -17,11 +25,14 @@ from .spec import (
     against,
     compare,
     mean_of,
+    median_against,
     stats,
 )
 
-#: Accuracy a variant may lose against cross-entropy and still count as "about the same".
+#: Equivalence margin of accuracy: a variant within it of cross-entropy is "about the same".
 ACC_TOLERANCE = 0.01
+#: Equivalence margin of the test ECE (15 bins) in the per-loss comparisons of claim 8.
+ECE_MARGIN = 0.005
 #: The rare class of claim 4 (a digit harder than 0, so that the losses can differ).
 RARE_DIGIT = 8
 
@@ -109,12 +120,12 @@ def smooth_accuracy_conditions(table: Table) -> list[Condition]:
         compare(table, "acc(EXACT) < acc(CE)", "exact", "<", "ce", acc),
         compare(
             table,
-            "acc(EXACT, -log P) not above acc(EXACT, 1 - P)",
+            f"acc(EXACT, -log P) not above acc(EXACT, 1 - P) by more than {ACC_TOLERANCE}",
             "exact_log",
             "<=",
             "exact",
             acc,
-            noise_holds=True,
+            margin=ACC_TOLERANCE,
         ),
     ]
 
@@ -129,7 +140,8 @@ CLAIM_2 = Claim(
     MULTICLASS_METRICS,
     smooth_accuracy_conditions,
     "supported if soft accuracy and EXACT are below CE's test accuracy beyond the seed noise "
-    "and EXACT with -log P is not above EXACT with 1 - P beyond it.",
+    f"and EXACT with -log P is not above EXACT with 1 - P by more than {ACC_TOLERANCE} "
+    f"(equivalent within ±{ACC_TOLERANCE}, or below beyond the noise).",
 )
 
 
@@ -147,13 +159,12 @@ def gamma_ce_conditions(table: Table) -> list[Condition]:
             compare(table, f"NLL gap({name}) < NLL gap(ce)", name, "<", "ce", "rep/nll_gap"),
             compare(
                 table,
-                f"acc({name}) >= acc(ce) - {ACC_TOLERANCE}",
+                f"acc({name}) not below acc(ce) by more than {ACC_TOLERANCE}",
                 name,
                 ">=",
                 "ce",
                 "rep/test_acc",
-                offset=-ACC_TOLERANCE,
-                noise_holds=True,
+                margin=ACC_TOLERANCE,
             ),
         ]
     return conditions
@@ -170,8 +181,9 @@ CLAIM_3 = Claim(
     MULTICLASS_METRICS,
     gamma_ce_conditions,
     f"supported if, for every gamma-CE variant, test ECE and the NLL gap are below CE's beyond "
-    f"the seed noise and test accuracy is not below CE's - {ACC_TOLERANCE} beyond it; not "
-    f"supported if none of these holds; else mixed.",
+    f"the seed noise and test accuracy is about CE's (equivalent within ±{ACC_TOLERANCE}, or "
+    f"above beyond the noise); not supported if every one of these fails; mixed if some hold "
+    f"and some fail; else undecided.",
 )
 
 
@@ -255,13 +267,13 @@ def scale_conditions(table: Table) -> list[Condition]:
         ),
         compare(
             table,
-            f"acc(temperature 100, 3x epochs) >= acc(temperature 1) - {ACC_TOLERANCE}",
+            f"acc(temperature 100, 3x epochs) not below acc(temperature 1) by more than "
+            f"{ACC_TOLERANCE}",
             "temperature_100_long",
             ">=",
             "temperature_1",
             acc,
-            offset=-ACC_TOLERANCE,
-            noise_holds=True,
+            margin=ACC_TOLERANCE,
         ),
         against(
             table,
@@ -288,8 +300,9 @@ CLAIM_5 = Claim(
     scale_conditions,
     "supported if every comparison holds beyond the seed noise: scale 1 is worse than the best "
     "larger fixed scale in test NLL and accuracy, scale 64 below scale 16 in accuracy, temperature "
-    f"100 with 3x the epochs not below temperature 1 - {ACC_TOLERANCE} in accuracy, and the "
-    f"learned scale at or above normface_min_scale(10, {MIN_SCALE_P}) = 3.955.",
+    f"100 with 3x the epochs not below temperature 1 by more than {ACC_TOLERANCE} in accuracy "
+    f"(equivalent within ±{ACC_TOLERANCE}, or above), and the learned scale above "
+    f"normface_min_scale(10, {MIN_SCALE_P}) = 3.955.",
 )
 
 
@@ -325,27 +338,40 @@ CLAIM_6 = Claim(
 
 # --- claim 7 -----------------------------------------------------------------------------------
 
-#: Test accuracy of Greydanus's table ("Scaling down deep learning", 2020), by variant.
+#: Test accuracy of Greydanus's table ("Scaling down deep learning", 2020), by variant, on the
+#: published 1,000-sample test split.
 PUBLISHED_ACCURACY = {"logreg": 0.32, "mlp": 0.68, "cnn": 0.94}
-#: How far (absolute) our mean test accuracy may lie from the published one.
+#: Equivalence margin (absolute) of our mean test accuracy around the published one.
 PUBLISHED_TOLERANCE = 0.03
 #: A training NLL below this counts as "near zero".
 NEAR_ZERO_NLL = 0.01
+#: Test accuracy on the published split, as each run logs it.
+PUBLISHED_ACC = "rep/published_test_acc"
 
 
 def benchmark_conditions(table: Table) -> list[Condition]:
-    """Claim 7: each model within 3 points of its published accuracy; CE's CNN overfits."""
-    acc = "rep/test_acc"
-    conditions = []
-    for name, published in PUBLISHED_ACCURACY.items():
-        for op, bound in (
-            (">=", published - PUBLISHED_TOLERANCE),
-            ("<=", published + PUBLISHED_TOLERANCE),
-        ):
-            text = f"acc({name}) {op} {published:g} {'-' if op == '>=' else '+'} 0.03"
-            conditions.append(against(table, text, name, acc, op, bound, noise_holds=True))
+    """Claim 7: each model about its published accuracy; CE's CNN overfits, over the seeds."""
+    conditions = [
+        against(
+            table,
+            f"acc({name}, published test split) ~ {published:g} ± {PUBLISHED_TOLERANCE:g}",
+            name,
+            PUBLISHED_ACC,
+            EQUIVALENT,
+            published,
+            margin=PUBLISHED_TOLERANCE,
+        )
+        for name, published in PUBLISHED_ACCURACY.items()
+    ]
     conditions += [
-        against(table, f"train NLL(cnn) < {NEAR_ZERO_NLL:g}", "cnn", "rep/train_nll", "<", 0.01),
+        median_against(
+            table,
+            f"median over seeds of train NLL(cnn) < {NEAR_ZERO_NLL:g}",
+            "cnn",
+            "rep/train_nll",
+            "<",
+            NEAR_ZERO_NLL,
+        ),
         against(
             table,
             "test NLL(cnn) at the end - its minimum during training > 0",
@@ -360,11 +386,19 @@ def benchmark_conditions(table: Table) -> list[Condition]:
 
 
 def benchmark_markdown(table: Table) -> list[str]:
-    """Published accuracy beside ours."""
-    lines = ["| model | published test acc | ours (mean ± std) |", "|---|---|---|"]
+    """Published accuracy beside ours, on the published split and on the generated set."""
+    lines = [
+        "| model | published test acc | ours, published 1,000 (mean ± std) "
+        "| ours, generated 10,000 (mean ± std) |",
+        "|---|---|---|---|",
+    ]
     for name, published in PUBLISHED_ACCURACY.items():
-        a = stats(table, name, "rep/test_acc")
-        lines.append(f"| {name} | {published:.2f} | {a.mean:.4f} ± {a.std:.4f} |")
+        ours = stats(table, name, PUBLISHED_ACC)
+        generated = stats(table, name, "rep/test_acc")
+        lines.append(
+            f"| {name} | {published:.2f} | {ours.mean:.4f} ± {ours.std:.4f} "
+            f"| {generated.mean:.4f} ± {generated.std:.4f} |"
+        )
     return lines
 
 
@@ -373,13 +407,15 @@ CLAIM_7 = Claim(
     "mnist1d-benchmark",
     "MNIST-1D as published, and a CNN that overfits with cross-entropy",
     'Greydanus, "Scaling down deep learning" (2020): on MNIST-1D, logistic regression, an MLP '
-    "and a small CNN trained with cross-entropy reach 32%, 68% and 94% test accuracy. Trained "
-    "until its training NLL is near zero, the CNN is the over-parameterised, overconfident "
-    'regime of Mukhoti et al., "Calibrating Deep Neural Networks using Focal Loss" (NeurIPS '
-    "2020): its test NLL rises again while its training NLL falls, and its confidence exceeds "
-    "its accuracy.",
+    "and a small CNN trained with cross-entropy reach 32%, 68% and 94% test accuracy (the "
+    "published protocol: the 4,000 training samples, 6,000 steps of batch 100 with Adam at lr "
+    "0.01, the 1,000-sample test split). Trained so, the CNN fits its training set to a "
+    'near-zero NLL, the over-parameterised, overconfident regime of Mukhoti et al., "Calibrating '
+    'Deep Neural Networks using Focal Loss" (NeurIPS 2020): its test NLL rises again while its '
+    "training NLL falls, and its confidence exceeds its accuracy.",
     (
-        ("rep/test_acc", "test acc"),
+        (PUBLISHED_ACC, "test acc (published 1,000)"),
+        ("rep/test_acc", "test acc (generated 10,000)"),
         ("rep/test_nll", "test NLL"),
         ("rep/test_ece", "test ECE"),
         ("rep/train_nll", "train NLL"),
@@ -387,10 +423,12 @@ CLAIM_7 = Claim(
         ("rep/test_conf_gap", "conf - acc"),
     ),
     benchmark_conditions,
-    f"supported if each model's mean test accuracy is within {PUBLISHED_TOLERANCE:g} of the "
-    "published one (a deviation inside the seed noise counts as within), and, for the CNN, the "
-    f"training NLL is below {NEAR_ZERO_NLL:g}, the test NLL at the end exceeds its minimum "
-    "during training and mean confidence exceeds accuracy, each beyond the seed noise.",
+    "supported if each model's test accuracy on the published 1,000-sample split is "
+    f"equivalent to the published one within ±{PUBLISHED_TOLERANCE:g} (two one-sided tests "
+    "over the seeds), and, for the CNN, the median over seeds of the training NLL is below "
+    f"{NEAR_ZERO_NLL:g} and the test NLL at the end exceeds its minimum during training and "
+    "mean confidence exceeds accuracy (on the 10,000 generated test samples), each beyond the "
+    "seed noise.",
     extra=benchmark_markdown,
 )
 
@@ -410,30 +448,48 @@ CALIBRATION_LOSSES = (
 )
 #: AdaFocal is also compared with the focal losses it extends.
 ADAFOCAL_RIVALS = ("focal_3", "flsd_53")
-#: The 2-SE band of the paired ECE differences the experiment is sized for.
+#: The half-width of the 95% interval of the paired ECE differences the experiment is sized for.
 TARGET_BAND = 0.005
 
 
 def loss_verdicts(table: Table, name: str) -> dict[str, Condition]:
-    """Verdicts (a)-(d) of one loss against cross-entropy, with the paired seed noise."""
+    """Verdicts (a)-(d) of one loss against cross-entropy, decided over the paired seeds.
+
+    (a) is a claimed difference (margin 0, as in the verdict), (b) accuracy not below CE's by
+    more than :data:`ACC_TOLERANCE`, (c) and (d) differences with the equivalence margin
+    :data:`ECE_MARGIN`, so that a tie is reported as one.
+    """
     ece, scaled, acc = "rep/test_ece", "rep/ts_test_ece", "rep/test_acc"
     return {
         "a": compare(table, f"ECE({name}) < ECE(ce)", name, "<", "ce", ece),
         "b": compare(
             table,
-            f"acc({name}) >= acc(ce) - {ACC_TOLERANCE}",
+            f"acc({name}) not below acc(ce) by more than {ACC_TOLERANCE}",
             name,
             ">=",
             "ce",
             acc,
-            offset=-ACC_TOLERANCE,
-            noise_holds=True,
+            margin=ACC_TOLERANCE,
         ),
         "c": compare(
-            table, f"ECE({name}) < ECE(ce + TS)", name, "<", "ce", ece, right_metric=scaled
+            table,
+            f"ECE({name}) < ECE(ce + TS)",
+            name,
+            "<",
+            "ce",
+            ece,
+            right_metric=scaled,
+            margin=ECE_MARGIN,
         ),
         "d": compare(
-            table, f"ECE({name} + TS) < ECE({name})", name, "<", name, scaled, right_metric=ece
+            table,
+            f"ECE({name} + TS) < ECE({name})",
+            name,
+            "<",
+            name,
+            scaled,
+            right_metric=ece,
+            margin=ECE_MARGIN,
         ),
     }
 
@@ -447,28 +503,41 @@ def calibration_conditions(table: Table) -> list[Condition]:
     return conditions
 
 
+def half_width(condition: Condition) -> float:
+    """Half the width of the interval of a condition's difference (NaN without one)."""
+    decision = condition.decision
+    return float("nan") if decision is None else (decision.high - decision.low) / 2
+
+
 def ece_band(table: Table) -> float:
-    """The largest 2-SE band of the paired ECE differences (each loss - CE): verdict (a)'s."""
-    bands = [loss_verdicts(table, name)["a"].noise for name in CALIBRATION_LOSSES if name in table]
+    """The largest half-width of the 95% interval of the paired ECE differences (loss - CE)."""
+    bands = [half_width(loss_verdicts(table, n)["a"]) for n in CALIBRATION_LOSSES if n in table]
     return max(bands, default=float("nan"))
 
 
+def mark(condition: Condition) -> str:
+    """A table cell: yes / no / undecided, the mean paired difference and its interval."""
+    outcome = condition.outcome
+    decision = condition.decision
+    if outcome == "missing" or decision is None:
+        return "n/a"
+    word = {"holds": "yes", "fails": "no"}.get(outcome) or f"undecided, {condition.seeds_text}"
+    if decision.verdict == "equivalent":
+        word += f", equivalent within ±{condition.margin:g}"
+    return f"{word} ({decision.difference:+.4f} [{decision.low:+.4f}, {decision.high:+.4f}])"
+
+
 def calibration_markdown(table: Table) -> list[str]:
-    """Each loss's verdicts (a)-(d) with the numbers, and the noise band."""
-
-    def mark(condition: Condition) -> str:
-        outcome = {"holds": "yes", "fails": "no", "missing": "n/a"}.get(condition.outcome)
-        if outcome is None:
-            outcome = "about equal" if condition.noise_holds else "within noise"
-        return f"{outcome} ({condition.margin:+.4f} ± {condition.noise:.4f})"
-
+    """Each loss's verdicts (a)-(d) with the numbers, and the width of the intervals."""
     band = ece_band(table)
     lines = [
-        "Per loss (difference in the claimed direction ± the 2-SE band of the paired "
-        "differences; *yes* only beyond the band):",
+        "Per loss: the outcome, the mean paired difference (left - right of the heading) and "
+        "its 95% paired t interval over the seeds; *yes* / *no* only beyond the noise or within "
+        f"a margin (accuracy ±{ACC_TOLERANCE}, ECE ±{ECE_MARGIN} in (c), (d)); else undecided, "
+        "with the seeds the same mean and spread would need.",
         "",
-        "| loss | (a) ECE below CE's | (b) acc >= CE's - 0.01 | (c) ECE below CE + TS's "
-        "| (d) TS lowers its ECE |",
+        "| loss | (a) ECE below CE's | (b) acc not below CE's by more than 0.01 "
+        "| (c) ECE below CE + TS's | (d) TS lowers its ECE |",
         "|---|---|---|---|---|",
     ]
     for name in CALIBRATION_LOSSES:
@@ -480,14 +549,21 @@ def calibration_markdown(table: Table) -> list[str]:
         lines += [
             "",
             "AdaFocal against the focal losses it extends (Ghosh, Schaaf, Gormley, NeurIPS "
-            "2022), before and after temperature scaling (difference ± 2-SE band):",
+            f"2022), before and after temperature scaling (adafocal - theirs; ECE margin "
+            f"±{ECE_MARGIN}):",
             "",
             "| against | ECE below theirs | ECE after TS below theirs after TS |",
             "|---|---|---|",
         ]
         for rival in (r for r in ADAFOCAL_RIVALS if r in table):
             before = compare(
-                table, f"ECE(adafocal) < ECE({rival})", "adafocal", "<", rival, "rep/test_ece"
+                table,
+                f"ECE(adafocal) < ECE({rival})",
+                "adafocal",
+                "<",
+                rival,
+                "rep/test_ece",
+                margin=ECE_MARGIN,
             )
             after = compare(
                 table,
@@ -496,13 +572,14 @@ def calibration_markdown(table: Table) -> list[str]:
                 "<",
                 rival,
                 "rep/ts_test_ece",
+                margin=ECE_MARGIN,
             )
             lines.append(f"| {rival} | {mark(before)} | {mark(after)} |")
     verdict = "below" if band < TARGET_BAND else "NOT below"
     lines += [
         "",
-        f"Largest 2-SE band of the paired ECE differences (loss - CE): {band:.4f}, {verdict} "
-        f"the {TARGET_BAND} the experiment is sized for.",
+        f"Largest half-width of the 95% interval of the paired ECE differences (loss - CE): "
+        f"{band:.4f}, {verdict} the {TARGET_BAND} the experiment is sized for.",
     ]
     return lines
 
@@ -518,7 +595,7 @@ CLAIM_8 = Claim(
     "all aim at cross-entropy's overconfidence. On claim "
     "7's CNN, trained until its training NLL is near zero, each should (a) lower the test ECE "
     "(15 bins) against CE (b) at about CE's accuracy; the table also asks (c) whether the loss "
-    "alone beats CE followed by temperature scaling fitted on the validation split (Guo et al., "
+    "alone beats CE followed by temperature scaling fitted on the validation set (Guo et al., "
     '"On Calibration of Modern Neural Networks", ICML 2017), and (d) whether temperature '
     "scaling on top of the loss still helps.",
     (
@@ -530,10 +607,11 @@ CLAIM_8 = Claim(
         ("rep/temperature", "T"),
     ),
     calibration_conditions,
-    f"supported if every loss's test ECE is below CE's beyond the seed noise (a) and its test "
-    f"accuracy is not below CE's - {ACC_TOLERANCE} beyond it (b); not supported if none of "
-    "these holds; else mixed. (c) and (d) are answered in the per-loss table, not in the "
-    "verdict.",
+    "supported if every loss's test ECE is below CE's beyond the seed noise (a) and its test "
+    f"accuracy is not below CE's by more than {ACC_TOLERANCE} (b: equivalent within "
+    f"±{ACC_TOLERANCE}, or above beyond the noise); not supported if every one of these fails; "
+    "mixed if some hold and some fail; else undecided. (c) and (d) are answered in the per-loss "
+    "table, not in the verdict.",
     extra=calibration_markdown,
 )
 

@@ -23,10 +23,10 @@ __all__ = ["build_parser", "main", "output_folder", "parse_args"]
 PROG = "lightning-losses reproduce"
 DESCRIPTION = (
     "Test the source documents' claims with tracked runs and write a report. Runs (or reuses, "
-    "by MLflow tags) every variant of each claim for each seed, one MLflow experiment per "
-    "claim (claim-3-gamma-ce...), reads the numbers back from MLflow and writes "
-    "<out>/REPORT.md with a table (mean ± std over seeds), a verdict with the numbers it rests "
-    "on, the run ids and the figures."
+    "by MLflow tags, runs of the same code version) every variant of each claim for each seed, "
+    "one MLflow experiment per claim (claim-3-gamma-ce...), reads the numbers back from MLflow "
+    "and writes <out>/REPORT.md with a table (mean ± std over seeds), a verdict with the "
+    "numbers it rests on, the run ids, the figures and the per-seed values."
 )
 #: Where the committed report lives; a run of :func:`is_committed_run` writes there by default.
 COMMITTED_OUT = Path("reports")
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     Example:
         >>> args = build_parser().parse_args(["--claims", "3", "--seeds", "1"])
-        >>> args.claims, args.seeds, args.jobs, args.out, args.verbose
-        ([3], 1, 1, None, False)
+        >>> args.claims, args.seeds, args.jobs, args.out, args.fresh, args.verbose
+        ([3], 1, 1, None, False, False)
     """
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument(
@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="fits run at a time, each in its own process (e.g. the number of cores)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help=(
+            "train every run again, reusing none made before this invocation (runs of another "
+            "code version are never reused anyway)"
+        ),
     )
     parser.add_argument(
         "--verbose",

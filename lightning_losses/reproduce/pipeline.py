@@ -1,11 +1,12 @@
 """The work of ``lightning-losses reproduce``: run or reuse each claim's fits, write the report.
 
-Every variant of each claim runs (or is reused, by MLflow tags) for each seed, one MLflow
+Every variant of each claim runs (or is reused, by MLflow tags, among runs of the same code
+version; ``--fresh``: among runs of this invocation only) for each seed, one MLflow
 experiment per claim (``claim-3-gamma-ce``...); the numbers are read back from MLflow and
 ``<out>/REPORT.md`` gets a table (mean ± std over seeds), a verdict with the numbers it rests
-on, the run ids and the figures. The command line is parsed by the light
-:mod:`lightning_losses.reproduce.cli`, which imports this module (and torch, MLflow) only once
-the arguments are known to be good.
+on, the run ids, the figures and an appendix of every per-seed value. The command line is
+parsed by the light :mod:`lightning_losses.reproduce.cli`, which imports this module (and
+torch, MLflow) only once the arguments are known to be good.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..quiet import fit_output_aside, silence_libraries, verbose_requested
+from . import version
 from .claims import CLAIMS
 from .report import (
     ClaimResult,
@@ -44,14 +46,19 @@ __all__ = ["reproduce", "reproduce_all", "reproduce_claim", "run_claim", "run_co
 DEFAULT_URI = "sqlite:///mlflow.db"
 
 
-def threshold_run(claim: Claim, tracking_uri: str, out: Path) -> tuple[str, bool]:
-    """Claim 1's single MLflow run: reuse it, or compute the numbers and log them into one."""
+def threshold_run(
+    claim: Claim, tracking_uri: str, out: Path, since_ms: int | None = None
+) -> tuple[str, bool]:
+    """Claim 1's single MLflow run: reuse it, or compute the numbers and log them into one.
+
+    ``since_ms``: reuse only a run started at or after it (``--fresh``).
+    """
     from . import threshold
 
     variant = claim.variants[0]
     tags = run_tags(claim, variant, 0, 1)
     client = client_for(tracking_uri)
-    found = find_run(client, claim.experiment, tags)
+    found = find_run(client, claim.experiment, tags, since_ms)
     if found is not None:
         return found, True
     experiment = client.get_experiment_by_name(claim.experiment)
@@ -90,18 +97,33 @@ def _worker_start(threads: int) -> None:
 
 
 def _run_one(
-    claim: Claim, variant: Variant, seed: int, scale: float, tracking_uri: str, out: Path
+    claim: Claim,
+    variant: Variant,
+    seed: int,
+    scale: float,
+    tracking_uri: str,
+    out: Path,
+    since_ms: int | None = None,
 ) -> tuple[str, bool, float]:
     started = time.perf_counter()
     with fit_output_aside():  # the progress line says what matters; the run is in MLflow
-        run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out)
+        run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out, since_ms)
     return run_id, reused, time.perf_counter() - started
 
 
 def run_claim(
-    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path, jobs: int = 1
+    claim: Claim,
+    seeds: int,
+    scale: float,
+    tracking_uri: str,
+    out: Path,
+    jobs: int = 1,
+    since_ms: int | None = None,
 ) -> tuple[dict[tuple[str, int], str], int, list[str]]:
     """Run or reuse every (variant, seed) of a claim, ``jobs`` fits at a time.
+
+    A run is reused only when it has the same tags, the code version included; with
+    ``since_ms`` (``--fresh``) only when it also started at or after it.
 
     With ``jobs > 1`` the fits run in that many worker processes (each with
     ``cpu_count // jobs`` torch threads); MLflow's SQLite store takes their writes in turn.
@@ -113,7 +135,7 @@ def run_claim(
         ``(run ids by (variant, seed), how many were reused, failures)``.
     """
     if claim.number == 1:
-        run_id, reused = threshold_run(claim, tracking_uri, out)
+        run_id, reused = threshold_run(claim, tracking_uri, out, since_ms)
         return {("analysis", 0): run_id}, int(reused), []
     tasks = [(v, seed) for v in claim.variants for seed in range(claim.seeds(seeds))]
     runs: dict[tuple[str, int], str] = {}
@@ -140,7 +162,7 @@ def run_claim(
     if jobs <= 1:
         for k, (variant, seed) in enumerate(tasks, 1):
             try:
-                outcome: Any = _run_one(claim, variant, seed, scale, tracking_uri, out)
+                outcome: Any = _run_one(claim, variant, seed, scale, tracking_uri, out, since_ms)
             except (Exception, SystemExit) as error:  # SystemExit: the CLI rejected the config
                 outcome = error
             report(k, variant, seed, outcome)
@@ -161,7 +183,7 @@ def run_claim(
             (
                 variant,
                 seed,
-                pool.submit(_run_one, portable, variant, seed, scale, tracking_uri, out),
+                pool.submit(_run_one, portable, variant, seed, scale, tracking_uri, out, since_ms),
             )
             for variant, seed in tasks
         ]
@@ -202,10 +224,16 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
 
 
 def reproduce_claim(
-    claim: Claim, seeds: int, scale: float, tracking_uri: str, out: Path, jobs: int = 1
+    claim: Claim,
+    seeds: int,
+    scale: float,
+    tracking_uri: str,
+    out: Path,
+    jobs: int = 1,
+    since_ms: int | None = None,
 ) -> ClaimResult:
     """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
-    runs, reused, failures = run_claim(claim, seeds, scale, tracking_uri, out, jobs)
+    runs, reused, failures = run_claim(claim, seeds, scale, tracking_uri, out, jobs, since_ms)
     result = collect(claim, runs, tracking_uri)
     result.reused = reused
     result.failures = failures
@@ -215,10 +243,16 @@ def reproduce_claim(
 
 
 def reproduce(
-    claims: Sequence[int], seeds: int, out: Path, tracking_uri: str, scale: float, jobs: int = 1
+    claims: Sequence[int],
+    seeds: int,
+    out: Path,
+    tracking_uri: str,
+    scale: float,
+    jobs: int = 1,
+    fresh: bool = False,
 ) -> Path:
     """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
-    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs)[0]
+    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs, fresh)[0]
 
 
 def display_uri(uri: str) -> str:
@@ -247,14 +281,21 @@ def reproduce_all(
     tracking_uri: str,
     scale: float,
     jobs: int = 1,
+    fresh: bool = False,
 ) -> tuple[Path, list[ClaimResult]]:
-    """:func:`reproduce`, also returning each claim's result (failed runs included)."""
+    """:func:`reproduce`, also returning each claim's result (failed runs included).
+
+    ``fresh``: reuse no run made before this call; every run is trained again (a run this
+    call made, such as claim 7's CNN for claim 8's cross-entropy arm, is still shared).
+    """
     from ..tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs) for n in claims]
+    # MLflow's start times are whole milliseconds; a run started in this call is not earlier.
+    since_ms = int(time.time() * 1000) - 1 if fresh else None
+    results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs, since_ms) for n in claims]
     more = [
         f"claim {n}: {CLAIMS[n].seeds(seeds)}" for n in claims if CLAIMS[n].seeds(seeds) > seeds
     ]
@@ -263,9 +304,14 @@ def reproduce_all(
         f"Claims {', '.join(map(str, claims))}; {seeds} seed(s){raised}; epochs scale "
         f"{scale:g}; {jobs} fit(s) at a time; tracking URI `{display_uri(uri)}`; the runs took "
         f"{sum(r.seconds for r in results):.0f} s in all (MLflow start to end times), and "
-        f"this invocation {time.perf_counter() - started:.0f} s."
+        f"this invocation {time.perf_counter() - started:.0f} s.",
+        f"Code version `{version.code_version()}` (the package version and a hash of its "
+        f"source and shipped configs). Each run carries the version that made it as the MLflow "
+        f"tag `{version.CODE_VERSION_TAG}`, and each claim names the versions of its runs; a "
+        "run of another code version is never reused"
+        + ("; `--fresh`: no run made before this invocation was reused." if fresh else "."),
     ]
-    if seeds < 2:
+    if any(CLAIMS[n].seeds(seeds) < 2 for n in claims if n != 1):
         header.append(
             "With one seed the ± columns are 0 and say nothing about noise: a difference "
             "smaller than the seed-to-seed spread can flip a verdict. Use `--seeds 3`."
@@ -287,7 +333,13 @@ def run_command(args: argparse.Namespace) -> int:
     """
     quiet_libraries()
     path, results = reproduce_all(
-        args.claims, args.seeds, args.out, args.tracking_uri, args.epochs_scale, args.jobs
+        args.claims,
+        args.seeds,
+        args.out,
+        args.tracking_uri,
+        args.epochs_scale,
+        args.jobs,
+        args.fresh,
     )
     print(f"report: {path}")
     failed = sum(len(r.failures) for r in results)

@@ -1,4 +1,9 @@
-"""Aggregate runs read back from MLflow into tables, verdicts, figures and ``REPORT.md``."""
+"""Aggregate runs read back from MLflow into tables, verdicts, figures and ``REPORT.md``.
+
+The report names the code version of every claim's runs (their MLflow tag
+``lightning_losses.code_version``) and ends with an appendix of every per-seed value of every
+arm (variant x metric x seed), from which each verdict can be recomputed.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +22,21 @@ from .runner import (
     TEST_NLL_CURVE,
     as_array,
     client_for,
+    read_code_version,
     read_json,
     read_metrics,
     run_seconds,
 )
-from .spec import MISSING, NOISE_SE, Claim, Condition, Stats, Table, stats, verdict
+from .spec import (
+    LEVEL,
+    MISSING,
+    Claim,
+    Condition,
+    Stats,
+    Table,
+    stats,
+    verdict_text,
+)
 
 #: Val metrics drawn as curves (MLflow history of the first seed).
 CURVES = ("val/acc", "val/ece")
@@ -42,6 +57,8 @@ class ClaimResult:
         reused: how many runs already existed.
         seconds: wall time of all its runs, from MLflow's start and end times.
         failures: ``"<variant> seed <s>: <error>"`` for each run that failed.
+        code_versions: ``{run_id: code version}``, the runs' ``lightning_losses.code_version``
+            tags (``unknown`` for a run without one).
     """
 
     claim: Claim
@@ -54,11 +71,18 @@ class ClaimResult:
     reused: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    code_versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
-        """``supported`` / ``not supported`` / ``mixed``."""
-        return verdict(self.conditions)
+        """``supported`` / ``not supported`` / ``mixed`` / ``undecided (needs ~k seeds)``."""
+        return verdict_text(self.conditions)
+
+    @property
+    def versions_text(self) -> str:
+        """The code versions of the runs, e.g. ```0.1.0+src.0123456789ab``` (sorted)."""
+        versions = sorted(set(self.code_versions.values()))
+        return ", ".join(f"`{v}`" for v in versions) if versions else "none (no runs)"
 
 
 def mean_std(values: Sequence[float]) -> Stats:
@@ -106,7 +130,16 @@ def collect(claim: Claim, runs: dict[tuple[str, int], str], tracking_uri: str) -
         keys = sorted({k for m in metrics.values() for k in m})
     table = aggregate(runs, metrics, list(dict.fromkeys(keys)))
     seconds = sum(run_seconds(client, run_id) for run_id in runs.values())
-    return ClaimResult(claim, runs, metrics, table, claim.conditions(table), seconds=seconds)
+    versions = {run_id: read_code_version(client, run_id) for run_id in runs.values()}
+    return ClaimResult(
+        claim,
+        runs,
+        metrics,
+        table,
+        claim.conditions(table),
+        seconds=seconds,
+        code_versions=versions,
+    )
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -394,7 +427,8 @@ def claim_markdown(result: ClaimResult) -> list[str]:
         claim.statement,
         "",
         f"MLflow experiment `{claim.experiment}`; {len(result.runs)} runs "
-        f"({result.reused} reused from earlier invocations) that took {result.seconds:.0f} s.",
+        f"({result.reused} reused from earlier invocations) that took {result.seconds:.0f} s; "
+        f"code version of the runs: {result.versions_text}.",
         "",
         *table_markdown(result),
         "",
@@ -405,6 +439,8 @@ def claim_markdown(result: ClaimResult) -> list[str]:
         f"Rule: {claim.rule}",
         "",
         *(f"- {c.describe()}" for c in result.conditions),
+        "",
+        f"Per-seed values: [appendix]({appendix_anchor(claim)}).",
         "",
         *(f"![{name}]({name})" for name in result.figures),
         "",
@@ -423,25 +459,74 @@ BUDGET = (
     "the same model, optimizer, batch size, seeds and number of epochs: on digits (claims 2-6) "
     "an MLP (hidden 128, 64), Adam with lr 0.003, batch 64 (the exceptions are the `*_long` "
     "arms, claim 4's hard truncation and claim 5's temperature 100, whose extra epochs are what "
-    "they test); on MNIST-1D (claims 7-8) the paper's recipe, Adam with lr 0.01, batch 100, "
-    "60 epochs, and the CNN for every loss. Every loss keeps the hyper-parameters of its "
+    "they test); on MNIST-1D (claims 7-8) the recipe of the shipped `configs/mnist1d_*.yaml`, "
+    "the paper's: all 4,000 training samples, Adam with lr 0.01, batch 100, 150 epochs (6,000 "
+    "steps), validation on 1,000 separately generated samples, and the CNN for every loss. "
+    "Every loss keeps the hyper-parameters of its "
     "shipped config (those of its source) and none was tuned. Numbers are computed after "
     "fit on the test split from the fitted (last-epoch) model and logged into each run as "
     "`rep/*` metrics; temperature scaling (`TS`, `ts_*`) is fitted on the validation split's "
     "logits and applied to the test logits. Every number in the tables is read "
-    "back from MLflow. A verdict is `supported` only if every stated condition holds on the "
-    "numbers shown, `not supported` if none holds, `mixed` otherwise.\n\n"
-    f"Seed noise: variants share seeds (the data split and, for the same architecture, the "
-    f"initial weights), so two variants are "
-    f"compared on their per-seed differences, and a difference counts only when its mean "
-    f"passes {NOISE_SE:g} standard errors of those differences (a number against a constant: "
-    f"{NOISE_SE:g} standard errors of its mean). A difference inside that band is `within "
-    f"noise`: it does not support a claim that one loss beats another, and it does support a "
-    f"claim that one is not better than, or about the same as, another. With 3 to 5 seeds this is "
-    f"a coarse screen, not a significance test. The bar charts (`claim<n>_metrics.png`) "
-    f"show the spread over seeds (± std); the verdicts use the paired differences, whose noise "
-    f"is smaller because the seeds are shared."
+    "back from MLflow, and the appendix lists each seed's value.\n\n"
+    f"How a verdict is reached. Variants share seeds (the data split and, for the same "
+    f"architecture, the initial weights), so two variants are compared on their per-seed "
+    f"differences, a number against a constant on each seed's difference from it, with "
+    f"Student's t for the number of seeds: the {LEVEL:.0%} interval of the mean difference. "
+    f"A claimed difference (`<`, `>`) holds when that interval lies on the claimed side of 0 "
+    f"and fails when it lies on the other side. A claim that two things are about the same "
+    f"(`~`), or that one is not below another by more than a margin (`>=`, `<=`), states its "
+    f"equivalence margin (accuracy ±0.01, claim 7's published accuracy ±0.03, ECE ±0.005 in "
+    f"claim 8's per-loss table) and is tested by "
+    f"two one-sided tests (TOST) at {1 - LEVEL:.0%}: failing to find a difference is never "
+    f"taken for equivalence. What the data cannot decide is `undecided`, with the number of "
+    f"seeds the same mean and spread would need (`undecided (needs ~k seeds)`). A verdict is "
+    f"`supported` when every condition holds, `not supported` when every one fails, `mixed` "
+    f"when some hold and some fail, and `undecided (needs ~k seeds)` otherwise. The bar "
+    f"charts (`claim<n>_metrics.png`) show the spread over seeds (± std); the verdicts use the "
+    f"paired differences, whose noise is smaller because the seeds are shared."
 )
+
+
+def appendix_anchor(claim: Claim) -> str:
+    """The link target of a claim's part of the appendix, e.g. ``#claim-3-per-seed-values``."""
+    return f"#claim-{claim.number}-per-seed-values"
+
+
+def value_text(value: float) -> str:
+    """A per-seed value as Python writes a float: the shortest text that reads back exactly.
+
+    Example:
+        >>> value_text(0.1 + 0.2), value_text(float("nan"))
+        ('0.30000000000000004', 'n/a')
+    """
+    return "n/a" if math.isnan(value) else repr(float(value))
+
+
+def appendix_markdown(result: ClaimResult) -> list[str]:
+    """Every per-seed value of every arm of a claim: one row per (variant, metric).
+
+    The values are those the table and the verdict were computed from, written so that they
+    read back exactly; a seed without a run, or a run without the metric, is ``n/a``.
+    """
+    claim = result.claim
+    seeds = sorted({seed for _, seed in result.runs})
+    lines = [
+        f"### Claim {claim.number}: per-seed values",
+        "",
+        f"Code version of the runs: {result.versions_text}.",
+        "",
+        "| variant | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|---|" + "---|" * len(seeds),
+    ]
+    names = [v.name for v in claim.variants if v.name in result.table]
+    names += [name for name in result.table if name not in names]
+    for name in names:
+        for metric, values in result.table[name].items():
+            if not any(not math.isnan(v) for v in values.values):
+                continue
+            cells = [value_text(v) for v in values.values]
+            lines.append(f"| {name} | `{metric}` | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def write_report(results: Sequence[ClaimResult], out: Path, header: Sequence[str]) -> Path:
@@ -460,6 +545,16 @@ def write_report(results: Sequence[ClaimResult], out: Path, header: Sequence[str
     lines.append("")
     for result in results:
         lines += claim_markdown(result)
+    lines += [
+        "## Appendix: per-seed values",
+        "",
+        "Each value of each arm (variant x metric x seed) behind the tables and the verdicts, "
+        "as read back from MLflow, written so that it reads back exactly: every verdict can "
+        "be recomputed from them (seed s of one variant is paired with seed s of another).",
+        "",
+    ]
+    for result in results:
+        lines += appendix_markdown(result)
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path

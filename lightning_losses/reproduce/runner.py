@@ -1,8 +1,11 @@
 """Fit a variant (:func:`lightning_losses.cli.run_fit`) or reuse its run; log post-fit metrics.
 
-Each run is tagged ``claim``, ``variant``, ``seed``, ``epochs`` and, once the metrics computed
-after fit are logged, ``reproduce_complete=1``; :func:`find_run` looks a run up by these tags
-with ``MlflowClient.search_runs``, so a finished run is never trained again.
+Each run is tagged ``claim``, ``variant``, ``seed``, ``epochs``, ``variant_fingerprint``, the
+code version that made it (``lightning_losses.code_version``, see
+:mod:`~lightning_losses.reproduce.version`) and, once the metrics computed after fit are
+logged, ``reproduce_complete=1``; :func:`find_run` looks a run up by these tags with
+``MlflowClient.search_runs``, so a finished run of the same code is never trained again, and a
+run of other code is never reused.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from . import version
 from .spec import Claim, Variant, config_path
 
 if TYPE_CHECKING:
@@ -51,7 +55,9 @@ def run_tags(claim: Claim, variant: Variant, seed: int, epochs: int) -> dict[str
     """The tags that identify a run of ``variant`` with ``seed`` and ``epochs``.
 
     ``variant_fingerprint`` (:meth:`Variant.fingerprint`) ties the run to the variant's config
-    text and overrides, so an edited experiment is not answered with stale runs.
+    text and overrides, so an edited experiment is not answered with stale runs;
+    ``lightning_losses.code_version`` (:func:`~lightning_losses.reproduce.version.code_version`)
+    ties it to the package's code, so a run of other code is not either.
     """
     return {
         "claim": str(claim.number),
@@ -59,40 +65,56 @@ def run_tags(claim: Claim, variant: Variant, seed: int, epochs: int) -> dict[str
         "seed": str(seed),
         "epochs": str(epochs),
         "variant_fingerprint": variant.fingerprint(),
+        version.CODE_VERSION_TAG: version.code_version(),
     }
 
 
-def find_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str | None:
-    """Run id of a complete run of ``experiment`` with exactly these tags, else None."""
+def _clauses(tags: dict[str, str], since_ms: int | None) -> str:
+    """The filter of ``search_runs``: these tags (keys quoted, they may hold dots), complete,
+    and started at or after ``since_ms`` when given."""
+    clauses = [f"tags.`{key}` = '{value}'" for key, value in {**tags, COMPLETE_TAG: "1"}.items()]
+    if since_ms is not None:
+        clauses.append(f"attributes.start_time >= {int(since_ms)}")
+    return " and ".join(clauses)
+
+
+def find_run(
+    client: MlflowClient, experiment: str, tags: dict[str, str], since_ms: int | None = None
+) -> str | None:
+    """Run id of a complete run of ``experiment`` with exactly these tags, else None.
+
+    ``since_ms`` (milliseconds since the epoch, as MLflow's start times): only a run started
+    at or after it counts (``reproduce --fresh``: a run of this invocation).
+    """
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    clauses = [f"tags.{key} = '{value}'" for key, value in {**tags, COMPLETE_TAG: "1"}.items()]
     runs = client.search_runs(
         [found.experiment_id],
-        filter_string=" and ".join(clauses),
+        filter_string=_clauses(tags, since_ms),
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
 
 
-def find_equivalent_run(client: MlflowClient, tags: dict[str, str]) -> str | None:
-    """A complete run of any claim with the same config, overrides, seed and epochs, else None.
+def find_equivalent_run(
+    client: MlflowClient, tags: dict[str, str], since_ms: int | None = None
+) -> str | None:
+    """A complete run of any claim with the same config, overrides, seed, epochs and code.
 
     Two claims may share an arm (claim 8's cross-entropy CNN is claim 7's CNN): the run is
-    found by ``variant_fingerprint``, ``seed`` and ``epochs``, whatever its claim and variant
-    name, and reused instead of trained twice.
+    found by ``variant_fingerprint``, ``seed``, ``epochs`` and the code version, whatever its
+    claim and variant name, and reused instead of trained twice. ``since_ms`` as in
+    :func:`find_run`.
     """
-    keys = ("variant_fingerprint", "seed", "epochs")
-    clauses = [f"tags.{key} = '{tags[key]}'" for key in keys]
-    clauses.append(f"tags.{COMPLETE_TAG} = '1'")
+    keys = ("variant_fingerprint", "seed", "epochs", version.CODE_VERSION_TAG)
     experiments = [e.experiment_id for e in client.search_experiments()]
     if not experiments:
         return None
     runs = client.search_runs(
         experiments,
-        filter_string=" and ".join(clauses),
+        filter_string=_clauses({key: tags[key] for key in keys}, since_ms),
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
@@ -226,15 +248,16 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
     ``scale`` (the cosine head's final scale) where the model has one. For multiclass models
     also the temperature ``T`` fitted on the validation split
     (:func:`~lightning_losses.calibration.scaling.fit_temperature`) as ``temperature`` and the
-    test metrics of ``logits / T`` as ``ts_test_<m>``. Artifacts, by path: the test
-    reliability bins before and after scaling (multiclass) or the test precision-recall curve
-    (binary).
+    test metrics of ``logits / T`` as ``ts_test_<m>``. A DataModule with ``extra_splits``
+    (MNIST-1D's published test split beside a generated test set: ``published_test``) gets
+    ``<split>_<m>`` of those too. Artifacts, by path: the test reliability bins before and
+    after scaling (multiclass) or the test precision-recall curve (binary).
     """
     compute = SPLIT_METRICS[model.task]
     metrics: dict[str, float] = {}
     artifacts: dict[str, Any] = {}
     logits_of = {}
-    for split in ("test", "val", "train"):
+    for split in ("test", "val", "train", *getattr(datamodule, "extra_splits", ())):
         logits, target = predict_logits(model, datamodule, split)
         logits_of[split] = (logits, target)
         metrics.update({f"{split}_{k}": v for k, v in compute(logits, target).items()})
@@ -310,9 +333,19 @@ def curve_summary(client: MlflowClient, run_id: str) -> dict[str, float]:
 
 
 def run_or_reuse(
-    claim: Claim, variant: Variant, seed: int, scale: float, tracking_uri: str, out: Path
+    claim: Claim,
+    variant: Variant,
+    seed: int,
+    scale: float,
+    tracking_uri: str,
+    out: Path,
+    since_ms: int | None = None,
 ) -> tuple[str, bool]:
     """Run id of ``variant`` with ``seed``: an existing complete run, else a new one.
+
+    An existing run counts only with the same tags (:func:`run_tags`: the same config,
+    overrides, seed, epochs and code version) and, with ``since_ms``, only when it started at
+    or after it (``reproduce --fresh`` passes the start of the invocation).
 
     Returns:
         ``(run_id, reused)``.
@@ -320,10 +353,17 @@ def run_or_reuse(
     epochs = variant.scaled_epochs(scale)
     client = client_for(tracking_uri)
     tags = run_tags(claim, variant, seed, epochs)
-    found = find_run(client, claim.experiment, tags) or find_equivalent_run(client, tags)
+    found = find_run(client, claim.experiment, tags, since_ms) or find_equivalent_run(
+        client, tags, since_ms
+    )
     if found is not None:
         return found, True
     return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
+
+
+def read_code_version(client: MlflowClient, run_id: str) -> str:
+    """The ``lightning_losses.code_version`` tag of a run (``unknown`` when it has none)."""
+    return client.get_run(run_id).data.tags.get(version.CODE_VERSION_TAG, "unknown")
 
 
 def read_metrics(client: MlflowClient, run_id: str) -> dict[str, float]:

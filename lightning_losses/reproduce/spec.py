@@ -1,16 +1,31 @@
 """Run specifications and verdict rules of ``lightning-losses reproduce``.
 
-A :class:`Claim` is a statement of one seed, the :class:`Variant` runs that test it (a config
-plus CLI overrides) and the numeric :class:`Condition` s that decide its verdict. A verdict is
-``supported`` only when every condition holds on the numbers shown, ``not supported`` when none
-holds, and ``mixed`` otherwise; a missing or NaN number never holds.
+A :class:`Claim` is a statement of one source, the :class:`Variant` runs that test it (a
+config plus CLI overrides) and the numeric :class:`Condition` s that decide its verdict.
 
-Seed noise is part of every comparison. Variants share seeds (the same split and the same
-initial weights per seed), so two variants are compared on their per-seed differences: a
-difference counts only when its mean passes ``NOISE_SE`` standard errors of those paired
-differences (:func:`compare`); a number against a constant passes ``NOISE_SE`` standard errors
-of its mean (:func:`against`). A claim that something does *not* differ ("not better", "about
-the same") holds unless the data show the opposite beyond the noise.
+Seed noise is part of every comparison, and one rule decides them all: :func:`decide` of
+:mod:`lightning_losses.compare.decide`, the rule of ``lightning-losses compare --group-by``.
+Variants share seeds (the same split and the same initial weights per seed), so two variants
+are compared on their per-seed differences (:func:`compare`), a number against a constant on
+the differences of each seed's value from it (:func:`against`): Student's t interval for the
+number of seeds at :data:`LEVEL`, and two one-sided tests (TOST) against an equivalence
+margin. What a condition claims decides which of :func:`decide`'s verdicts support it
+(:data:`SUPPORTING`):
+
+- ``<``, ``>``: a difference in that direction; it holds when the interval lies on the
+  claimed side of 0 ("better"), and fails when it lies on the other side or, with a margin,
+  when the difference is equivalent to 0 within it.
+- ``<=``, ``>=``: not worse than the other side by more than ``margin``; it holds when the
+  difference is equivalent to 0 within the margin or lies on the claimed side beyond the
+  noise, and fails when it lies on the other side beyond it.
+- ``~``: about the same within ``margin`` (which must be > 0); it holds when TOST shows the
+  difference inside ``(-margin, margin)``, and fails when it is beyond the noise either way.
+
+Anything else is ``undecided``, with the number of seeds that the same mean and spread would
+need to decide it. A claim is ``supported`` when every condition holds, ``not supported`` when
+every condition fails, ``mixed`` when at least one holds and one fails, and ``undecided``
+otherwise (some conditions undecided, the others all holding or all failing). A missing or NaN
+number never holds.
 """
 
 from __future__ import annotations
@@ -26,6 +41,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..compare.decide import MAX_SEEDS, Decision, decide
+
 #: Repository root: shipped configs are found relative to it from any working directory.
 REPOSITORY = Path(__file__).resolve().parents[2]
 #: Folder of the experiment files, one ``claim-<number>-<slug>.yaml`` per claim.
@@ -34,17 +51,29 @@ EXPERIMENTS = "configs/experiments"
 SUPPORTED = "supported"
 NOT_SUPPORTED = "not supported"
 MIXED = "mixed"
+UNDECIDED = "undecided"
 
-#: Comparison operators a condition may use.
+#: Level of every two-sided interval of the report; the tests run at ``alpha = 1 - LEVEL``.
+LEVEL = 0.95
+
+#: Comparison operators a condition decided on the numbers alone may use (``~``: within the
+#: condition's margin).
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
     ">": operator.gt,
     ">=": operator.ge,
 }
-
-#: A difference counts when its mean passes this many standard errors of the seed noise.
-NOISE_SE = 2.0
+#: The operator of a condition of equivalence ("about the same").
+EQUIVALENT = "~"
+#: The verdicts of :func:`decide` that support a condition, by its operator.
+SUPPORTING: dict[str, frozenset[str]] = {
+    "<": frozenset({"better"}),
+    ">": frozenset({"better"}),
+    "<=": frozenset({"better", "equivalent"}),
+    ">=": frozenset({"better", "equivalent"}),
+    EQUIVALENT: frozenset({"equivalent"}),
+}
 
 
 class Stats(NamedTuple):
@@ -94,8 +123,9 @@ class Variant:
     def fingerprint(self) -> str:
         """12 hex digits of SHA-1 over the config file's text and the overrides.
 
-        A run is reused only under the same fingerprint: editing the config or the overrides
-        of a variant makes ``reproduce`` train it again.
+        A run is reused only under the same fingerprint (and the same code version, see
+        :mod:`~lightning_losses.reproduce.version`): editing the config or the overrides of a
+        variant makes ``reproduce`` train it again.
         """
         text = Path(config_path(self.config)).read_text() if self.config else ""
         digest = hashlib.sha1(text.encode())
@@ -104,76 +134,126 @@ class Variant:
         return digest.hexdigest()[:12]
 
 
+def seeds_text(decision: Decision) -> str:
+    """What an undecided :class:`Decision` needs, e.g. ``needs ~12 seeds``.
+
+    Example:
+        >>> seeds_text(decide([0.02, -0.01, 0.03], margin=0.005))
+        'needs ~12 seeds'
+    """
+    if decision.seeds_needed is not None:
+        return f"needs ~{decision.seeds_needed} seeds"
+    if decision.n < 2:
+        return "needs at least 2 seeds"
+    return f"needs more than {MAX_SEEDS} seeds"
+
+
 @dataclass(frozen=True)
 class Condition:
-    """A numeric comparison ``left op right``, the seed noise and the numbers it was decided on.
+    """A comparison ``left op right``, decided over seeds (``decision``) or on the numbers.
 
-    With ``noise = 0`` the comparison is decided on the numbers alone. With ``noise > 0`` the
-    difference in the claimed direction (``left - right`` for ``>``/``>=``, ``right - left``
-    for ``<``/``<=``) must exceed ``noise``; when it lies within ``+-noise`` the outcome is
-    ``within noise``, which holds only for claims of no difference (``noise_holds=True``).
+    With a ``decision`` (from :func:`compare` or :func:`against`) the outcome is the verdict
+    of :func:`decide` on the per-seed differences read by :data:`SUPPORTING`; without one
+    (claim 1's closed form, a median over seeds) it is the comparison of the numbers.
 
     Args:
         text: what the comparison means, e.g. ``"ECE(gamma 0.5) < ECE(CE)"``.
-        left: left-hand number.
-        op: one of ``<``, ``<=``, ``>``, ``>=``.
+        left: left-hand number (a mean over seeds).
+        op: one of ``<``, ``<=``, ``>``, ``>=`` and ``~`` (about the same within ``margin``).
         right: right-hand number.
-        noise: the margin the difference must pass (``NOISE_SE`` standard errors).
-        noise_holds: a difference within the noise supports the claim ("not better than",
-            "about the same as").
+        decision: :func:`decide` on the per-seed differences ``left - right``, or None.
+        margin: the equivalence margin, in the metric's units (required for ``~``).
 
     Example:
-        >>> Condition("ECE(a) < ECE(b)", 0.020, "<", 0.025, noise=0.008).outcome
-        'within noise'
+        >>> c = compare(
+        ...     {"a": {"m": Stats(0, 0, 3, (0.020, 0.030, 0.010))},
+        ...      "b": {"m": Stats(0, 0, 3, (0.025, 0.020, 0.030))}},
+        ...     "m(a) < m(b)", "a", "<", "b", "m")
+        >>> c.outcome, c.seeds_text
+        ('undecided', 'needs ~38 seeds')
     """
 
     text: str
     left: float
     op: str
     right: float
-    noise: float = 0.0
-    noise_holds: bool = False
+    decision: Decision | None = None
+    margin: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.op not in OPERATORS:
-            raise ValueError(f"op must be one of {', '.join(OPERATORS)}; got {self.op!r}")
+        if self.op not in SUPPORTING:
+            raise ValueError(f"op must be one of {', '.join(SUPPORTING)}; got {self.op!r}")
+        if not (math.isfinite(self.margin) and self.margin >= 0):
+            raise ValueError(f"margin must be a finite number >= 0; got {self.margin!r}")
+        if self.op == EQUIVALENT and self.margin <= 0:
+            raise ValueError(
+                f"{self.text!r}: op '~' (about the same) needs an equivalence margin > 0; "
+                "pass margin=..."
+            )
 
     @property
-    def margin(self) -> float:
-        """The difference in the claimed direction (positive when the comparison is true)."""
-        if self.op in (">", ">="):
-            return self.left - self.right
-        return self.right - self.left
+    def difference(self) -> float:
+        """Mean of ``left - right`` (over the paired seeds, with a decision)."""
+        if self.decision is not None:
+            return self.decision.difference
+        return self.left - self.right
 
     @property
     def outcome(self) -> str:
-        """``holds``, ``fails``, ``within noise`` or ``missing``."""
-        if _missing(self.left) or _missing(self.right) or _missing(self.noise):
+        """``holds``, ``fails``, ``undecided`` or ``missing``."""
+        if _missing(self.left) or _missing(self.right):
             return "missing"
-        if self.noise <= 0:
+        if self.decision is None:
+            if self.op == EQUIVALENT:
+                return "holds" if abs(self.left - self.right) < self.margin else "fails"
             return "holds" if OPERATORS[self.op](self.left, self.right) else "fails"
-        if self.margin > self.noise:
+        if self.decision.verdict in SUPPORTING[self.op]:
             return "holds"
-        if self.margin < -self.noise:
-            return "fails"
-        return "within noise"
+        if self.decision.verdict == "undecided":
+            return UNDECIDED
+        return "fails"
 
     @property
     def holds(self) -> bool:
         """Whether the comparison supports the claim; False for a missing (NaN) number."""
-        outcome = self.outcome
-        return outcome == "holds" or (outcome == "within noise" and self.noise_holds)
+        return self.outcome == "holds"
+
+    @property
+    def seeds_text(self) -> str:
+        """For an undecided condition, e.g. ``needs ~12 seeds``; else ``""``."""
+        if self.outcome != UNDECIDED or self.decision is None:
+            return ""
+        return seeds_text(self.decision)
+
+    @property
+    def result(self) -> str:
+        """The outcome with its reason, e.g. ``holds: equivalent within ±0.01``."""
+        outcome, decision = self.outcome, self.decision
+        if decision is None or outcome == "missing":
+            return outcome
+        if outcome == UNDECIDED:
+            return f"undecided ({self.seeds_text})"
+        if decision.verdict == "equivalent":
+            return f"{outcome}: equivalent within ±{self.margin:g}"
+        if outcome == "holds":
+            return "holds: beyond noise"
+        if self.op == EQUIVALENT:
+            return "fails: differs beyond noise"
+        return "fails: the other way beyond noise"
 
     def describe(self) -> str:
-        """One line: the rule, the numbers, the noise and whether it holds."""
+        """One line: the rule, the numbers, the interval of the difference and the outcome."""
         numbers = f"{self.text}: {self.left:.4f} {self.op} {self.right:.4f}"
-        if self.noise <= 0:
+        decision = self.decision
+        if decision is None or self.outcome == "missing":
             return f"{numbers} -> {self.outcome}"
-        noise = f"(difference {self.margin:+.4f}, noise {NOISE_SE:g} SE = {self.noise:.4f})"
-        outcome = self.outcome
-        if outcome == "within noise":
-            outcome += ": holds (no difference claimed)" if self.holds else ": does not hold"
-        return f"{numbers} {noise} -> {outcome}"
+        interval = (
+            f"difference {decision.difference:+.4f}, {decision.level:.0%} {decision.method} "
+            f"CI [{decision.low:+.4f}, {decision.high:+.4f}], n={decision.n}"
+        )
+        if self.margin > 0:
+            interval += f", margin ±{self.margin:g}"
+        return f"{numbers} ({interval}) -> {self.result}"
 
 
 def stats(table: Table, variant: str, metric: str) -> Stats:
@@ -181,17 +261,22 @@ def stats(table: Table, variant: str, metric: str) -> Stats:
     return table.get(variant, {}).get(metric, MISSING)
 
 
-def paired_standard_error(a: Sequence[float], b: Sequence[float]) -> float:
-    """Standard error of the mean of the per-seed differences ``a - b`` (0 below two pairs).
+def paired_differences(a: Sequence[float], b: Sequence[float], offset: float = 0.0) -> list[float]:
+    """``a_s - (b_s + offset)`` for each seed where both are numbers, in seed order.
 
     Example:
-        >>> round(paired_standard_error([1.0, 2.0, 3.0], [0.0, 1.0, 1.0]), 4)
-        0.3333
+        >>> paired_differences([1.0, 2.0, float("nan")], [0.0, 1.5, 1.0])
+        [1.0, 0.5]
     """
-    pairs = [x - y for x, y in zip(a, b, strict=False) if not (_missing(x) or _missing(y))]
-    if len(pairs) < 2:
-        return 0.0
-    return statistics.stdev(pairs) / math.sqrt(len(pairs))
+    return [
+        x - (y + offset) for x, y in zip(a, b, strict=False) if not (_missing(x) or _missing(y))
+    ]
+
+
+def _decision(differences: Sequence[float], op: str, margin: float, level: float) -> Decision:
+    return decide(
+        differences, margin=margin, level=level, higher_is_better=op != "<" and op != "<="
+    )
 
 
 def compare(
@@ -203,28 +288,35 @@ def compare(
     metric: str,
     *,
     offset: float = 0.0,
-    noise_holds: bool = False,
+    margin: float = 0.0,
     right_metric: str | None = None,
+    level: float = LEVEL,
 ) -> Condition:
-    """``mean(left) op mean(right) + offset`` on ``metric``, with the paired seed noise.
+    """``left op right + offset`` on ``metric``, decided on the per-seed differences.
 
-    With ``right_metric`` the right-hand side is that metric of ``right`` (e.g. the ECE after
+    The differences ``left_s - (right_s + offset)`` of the seeds both variants have go to
+    :func:`decide` with ``margin`` and ``level``; :data:`SUPPORTING` reads its verdict. With
+    ``right_metric`` the right-hand side is that metric of ``right`` (e.g. the ECE after
     temperature scaling against the ECE before), still paired by seed.
 
     Args:
         table: the claim's table.
         text: what the comparison means.
         left: left-hand variant.
-        op: one of ``<``, ``<=``, ``>``, ``>=``.
+        op: one of ``<``, ``<=``, ``>``, ``>=``, ``~``.
         right: right-hand variant.
         metric: MLflow metric key.
-        offset: added to the right-hand mean (a tolerance, e.g. ``-0.01``).
-        noise_holds: a difference within the noise supports the claim.
+        offset: added to the right-hand side.
+        margin: the equivalence margin in the metric's units (0: never equivalent).
         right_metric: the right-hand metric, when it is not ``metric``.
+        level: level of the interval.
     """
     a, b = stats(table, left, metric), stats(table, right, right_metric or metric)
-    noise = NOISE_SE * paired_standard_error(a.values, b.values)
-    return Condition(text, a.mean, op, b.mean + offset, noise, noise_holds)
+    pairs = paired_differences(a.values, b.values, offset)
+    if not pairs:  # no seed with both numbers: nothing to decide on
+        return Condition(text, math.nan, op, b.mean + offset, None, margin)
+    decision = _decision(pairs, op, margin, level)
+    return Condition(text, a.mean, op, b.mean + offset, decision, margin)
 
 
 def against(
@@ -235,16 +327,42 @@ def against(
     op: str,
     value: float,
     *,
-    noise_holds: bool = False,
+    margin: float = 0.0,
+    level: float = LEVEL,
 ) -> Condition:
-    """``mean(variant) op value`` on ``metric``, with the standard error of the mean as noise.
+    """``mean(variant) op value`` on ``metric``, decided on each seed's ``value_s - value``.
 
-    ``noise_holds``: a mean within the noise of ``value`` supports the claim ("within 3
-    points of the published number").
+    One-sample Student's t through :func:`decide`: ``>=`` with ``margin=0`` holds when the
+    mean lies above ``value`` beyond the noise; ``~`` with a margin holds when TOST puts the
+    mean within ``±margin`` of ``value``.
     """
     a = stats(table, variant, metric)
-    noise = NOISE_SE * a.std / math.sqrt(a.n) if a.n > 1 else 0.0
-    return Condition(text, a.mean, op, value, noise, noise_holds)
+    differences = [v - value for v in a.values if not _missing(v)]
+    if not differences:
+        return Condition(text, math.nan, op, value, None, margin)
+    return Condition(text, a.mean, op, value, _decision(differences, op, margin, level), margin)
+
+
+def median_against(
+    table: Table, text: str, variant: str, metric: str, op: str, value: float
+) -> Condition:
+    """``median over seeds of metric op value``, decided on the numbers (a robust summary).
+
+    The text is followed by how many seeds satisfy ``op value`` on their own.
+
+    Example:
+        >>> table = {"cnn": {"nll": Stats(0, 0, 5, (0.001, 0.02, 0.003, 0.002, 0.05))}}
+        >>> c = median_against(table, "median train NLL < 0.01", "cnn", "nll", "<", 0.01)
+        >>> c.left, c.holds, c.text
+        (0.003, True, 'median train NLL < 0.01 (3 of 5 seeds)')
+    """
+    values = [v for v in stats(table, variant, metric).values if not _missing(v)]
+    if not values:
+        return Condition(text, math.nan, op, value)
+    count = sum(OPERATORS[op](v, value) for v in values)
+    return Condition(
+        f"{text} ({count} of {len(values)} seeds)", statistics.median(values), op, value
+    )
 
 
 def config_path(config: str) -> str:
@@ -349,20 +467,46 @@ def _missing(value: float | None) -> bool:
 
 
 def verdict(conditions: Sequence[Condition]) -> str:
-    """``supported`` if every condition holds, ``not supported`` if none does, else ``mixed``.
+    """``supported``, ``not supported``, ``mixed`` or ``undecided`` (see the module).
 
-    No conditions at all is ``not supported``: a claim needs numbers to be supported.
+    No conditions at all is ``not supported``: a claim needs numbers to be supported. A
+    missing number counts as a condition that fails.
 
     Example:
         >>> verdict([Condition("a < b", 1.0, "<", 2.0)])
         'supported'
     """
-    held = [c.holds for c in conditions]
-    if held and all(held):
-        return SUPPORTED
-    if not any(held):
-        return NOT_SUPPORTED
-    return MIXED
+    outcomes = [c.outcome for c in conditions]
+    held = outcomes.count("holds")
+    undecided = outcomes.count(UNDECIDED)
+    failed = len(outcomes) - held - undecided
+    if held and failed:
+        return MIXED
+    if undecided:
+        return UNDECIDED
+    return SUPPORTED if held else NOT_SUPPORTED
+
+
+def verdict_text(conditions: Sequence[Condition]) -> str:
+    """:func:`verdict`, with the seeds an undecided claim needs: ``undecided (needs ~k seeds)``.
+
+    ``k`` is the most any undecided condition needs.
+
+    Example:
+        >>> a = Stats(0.02, 0.0, 3, (0.02, 0.03, 0.01))
+        >>> b = Stats(0.025, 0.0, 3, (0.025, 0.02, 0.03))
+        >>> verdict_text([compare({"a": {"m": a}, "b": {"m": b}}, "a < b", "a", "<", "b", "m")])
+        'undecided (needs ~38 seeds)'
+    """
+    result = verdict(conditions)
+    if result != UNDECIDED:
+        return result
+    open_ = [c.decision for c in conditions if c.outcome == UNDECIDED and c.decision is not None]
+    if any(d.n < 2 for d in open_):
+        return f"{UNDECIDED} (needs at least 2 seeds)"
+    if any(d.seeds_needed is None for d in open_):
+        return f"{UNDECIDED} (needs more than {MAX_SEEDS} seeds)"
+    return f"{UNDECIDED} (needs ~{max(d.seeds_needed for d in open_)} seeds)"
 
 
 def mean_of(table: Table, variant: str, metric: str) -> float:
