@@ -915,6 +915,25 @@ def describe_fit(pl_module: Any, callbacks: Iterable[Any]) -> str:
     return f"criterion {shown}; " + ("; ".join(described) or "fixed during training")
 
 
+def without_password(uri: str) -> str:
+    """``uri`` with the password of its user info replaced by ``***``, for printing.
+
+    Example:
+        >>> without_password("postgresql+psycopg2://mlflow:s3cret@db:5432/mlflow")
+        'postgresql+psycopg2://mlflow:***@db:5432/mlflow'
+        >>> without_password("http://user:pw@127.0.0.1:5000")
+        'http://user:***@127.0.0.1:5000'
+        >>> without_password("sqlite:////tmp/mlflow.db")
+        'sqlite:////tmp/mlflow.db'
+    """
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+
+
 def view_command(tracking_uri: str) -> str:
     """How to look at a store's runs: ``mlflow ui`` for a local store, the address for a server.
 
@@ -965,7 +984,7 @@ def describe_run(
         final validation values, the reliability diagram (when there are such), the checkpoint
         folder and the command to see the run.
     """
-    uri = str(logger._tracking_uri)
+    uri = without_password(str(logger._tracking_uri))  # printed: never the password
     name = getattr(logger, "_experiment_name", None)
     if not getattr(logger, "spooled", 0):  # ask the store (a run continued by id may differ)
         try:

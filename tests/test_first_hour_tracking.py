@@ -317,3 +317,20 @@ def test_closing_summary_gives_the_final_values_diagram_and_files(fit):
         f"  checkpoints: {run_folder / 'checkpoints'}",
         f"  to see it: mlflow ui --backend-store-uri {uri}",
     ]
+
+
+def test_closing_summary_never_prints_a_password():
+    from types import SimpleNamespace
+
+    from lightning_losses.tracking import describe_run
+
+    secret = "s3cret-Pa55"
+    logger = SimpleNamespace(
+        _tracking_uri=f"postgresql+psycopg2://mlflow:{secret}@db.example:5432/mlflow",
+        _experiment_name="lightning-losses",
+        run_id="0" * 32,
+        spooled=1,  # a run kept in the spool: the summary does not ask the store
+    )
+    text = describe_run(logger, ["runs/ckpt"], {"val/acc": 0.5}, None)
+    assert secret not in text
+    assert "postgresql+psycopg2://mlflow:***@db.example:5432/mlflow" in text
