@@ -18,6 +18,7 @@ access (PEP 562), which imports torch and MLflow.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["main", "reproduce", "reproduce_all", "reproduce_claim"]
@@ -44,7 +45,9 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports the
 
 def __getattr__(name: str) -> Any:
     """Import ``name`` from the command-line module or the pipeline on first access."""
-    if name.startswith("__"):
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # A submodule (``from . import version``) is imported by the import system, not here:
+        # importing the pipeline for it would import the submodule's importers first (a cycle).
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(".cli" if name in _CLI_NAMES else ".pipeline", __name__)
     try:

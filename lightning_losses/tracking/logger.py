@@ -1,0 +1,417 @@
+"""TrackingLogger: Lightning's MLFlowLogger with the project's defaults, run folders and a spool."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+from lightning_losses.tracking.constants import (
+    DEFAULT_EXPERIMENT,
+    DEFAULT_SAVE_DIR,
+    RESUME_TAG,
+    SPOOL_NAME,
+)
+from lightning_losses.tracking.history import Resume, _marker_tags
+from lightning_losses.tracking.params import flatten
+from lightning_losses.tracking.process import _process_exists, _recorded_pid, process_tags
+from lightning_losses.tracking.spool import (
+    _join,
+    _locked,
+    _rewrite,
+    append_spool_record,
+    read_spool,
+)
+from lightning_losses.tracking.store import now_ms, store_lock
+from lightning_losses.tracking.uri import check_reachable, fail_fast_http, resolve_tracking_uri
+
+
+@contextmanager
+def _environment_kept(name: str) -> Iterator[None]:
+    """Restore the environment variable ``name`` after the block (set, changed or removed)."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+# --- the logger -------------------------------------------------------------------------------
+
+
+class TrackingLogger(MLFlowLogger):
+    """Lightning's ``MLFlowLogger`` that never loses what it could not send.
+
+    Args:
+        experiment_name: MLflow experiment (created if missing).
+        run_name: name of the run.
+        tracking_uri: ``sqlite:///...``, ``http://host:port``, ...; default
+            ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory.
+        tags: extra run tags.
+        save_dir: local folder for run files (made absolute): ``<save_dir>/<experiment
+            id>/<run id>/`` holds the checkpoints, the reliability diagrams and, if the server
+            fails, the spool.
+        log_model: log the best checkpoint as the artifact ``checkpoints/<name>.ckpt`` at the
+            end of fit; with a local store the artifact is a hard link to the file in the run
+            folder (stored once, see :meth:`link_artifact`), with a server a copy.
+        run_id: continue this run (the CLI fills it in from a checkpoint on resume).
+        resume_step: with ``run_id``, the global step of the checkpoint this fit resumes from
+            (the CLI fills it in on ``fit --ckpt_path``). When the run starts, the logger
+            records the resume marker ``resume.<k>`` (:class:`Resume`; a run found
+            ``RUNNING`` is recorded as ``previous_status="KILLED"``), sets the run
+            ``RUNNING`` and drops from the run's spool what the marker supersedes.
+        connect_timeout: seconds to wait for an HTTP server at start-up.
+
+    When the run starts (or resumes) it is tagged ``tracking.host`` and ``tracking.pid``, so
+    that a later resume or ``sync-tracking`` can tell a run whose process was killed from a
+    live one.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> logger = TrackingLogger(tracking_uri=f"sqlite:///{folder}/mlflow.db", save_dir=folder)
+        >>> logger.experiment.get_experiment(logger.experiment_id).name
+        'lightning-losses'
+    """
+
+    def __init__(
+        self,
+        experiment_name: str = DEFAULT_EXPERIMENT,
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: dict[str, Any] | None = None,
+        save_dir: str = DEFAULT_SAVE_DIR,
+        log_model: bool = True,
+        run_id: str | None = None,
+        resume_step: int | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        uri = resolve_tracking_uri(tracking_uri)
+        fail_fast_http()
+        check_reachable(uri, connect_timeout)
+        # With a local store, artifacts of new experiments go beside the run folders (MLflow
+        # would otherwise pick ./mlruns); a server decides for itself.
+        local_store = not uri.startswith(("http://", "https://"))
+        artifacts = (Path(save_dir) / "artifacts").resolve().as_uri() if local_store else None
+        with store_lock(uri):  # a new SQLite store's tables are created here
+            super().__init__(
+                experiment_name=experiment_name,
+                run_name=run_name,
+                tracking_uri=uri,
+                tags=tags,
+                save_dir=save_dir,
+                log_model=False,
+                run_id=run_id,
+                artifact_location=artifacts,
+            )
+        # Absolute, so that checkpoints record one folder whatever the working directory of a
+        # later resume (ModelCheckpoint reloads its state only when its dirpath is unchanged).
+        self._local_dir = os.path.abspath(save_dir)
+        self._log_best_checkpoint = log_model
+        self._resume_step = resume_step
+        self._spooled_steps: set[tuple[str, int]] = set()
+        self.spooled = 0
+        #: Where :meth:`log_hyperparams` puts the module's hyper-parameters: ``None`` (plain
+        #: use) logs them under their own dotted names; the CLI's config callback, which logs
+        #: the config, sets the config's model section (``"model."``) so that only the values
+        #: the config lacks (those linked from the data, such as ``model.input_dim``) are added.
+        self.model_param_prefix: str | None = None
+        self._logged_files: dict[tuple[str, str | None], tuple[int, int]] = {}
+
+    # --- the run ----------------------------------------------------------------------------
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> MlflowClient:
+        """The ``MlflowClient``; its first use creates the run, or continues ``run_id``.
+
+        MLflow's ``set_tracking_uri`` would export ``MLFLOW_TRACKING_URI`` to the whole
+        process (so that a later fit or resume in it would take this store for the user's
+        choice): the variable is restored.
+        """
+        if self._initialized:
+            return self._mlflow_client
+        continuing = self._run_id is not None
+        # Under the store's lock: two fits starting at once would both create the experiment.
+        with _environment_kept("MLFLOW_TRACKING_URI"), store_lock(self._tracking_uri):
+            client = super().experiment
+        self._start_run(continuing)
+        return client
+
+    def _start_run(self, continuing: bool) -> None:
+        """Tag a new or resumed run with this process; record the resume of a resumed one.
+
+        A run continued without ``resume_step`` (``validate``/``test`` on a checkpoint) keeps
+        its tags.
+        """
+        if continuing and self._resume_step is None:
+            return
+        tags = process_tags()
+        if continuing:
+            tags.update(self._record_resume())
+        self.set_tags(tags)
+
+    def _record_resume(self) -> dict[str, str]:
+        """Record that this fit resumes the run: a marker tag, status ``RUNNING``, a cut spool.
+
+        The marker ``resume.<k>`` (``k``: one more than the run's last) is
+        ``Resume(step=resume_step, time_ms=now, previous_status=...)``. A run found
+        ``RUNNING`` lost its process without ending (SIGKILL, a crash, a lost node): the
+        marker says ``previous_status="KILLED"`` (a warning tells when the recorded process
+        still runs on this host: two fits would then write one run). The run is set
+        ``RUNNING`` for the resumed fit, which ends it ``FINISHED`` or ``FAILED`` as usual.
+        The spool of the run loses what the marker supersedes, so that it never holds two
+        values for one (metric, step).
+
+        Returns:
+            The marker's tag, to be set with the process tags.
+        """
+        client, run_id = self._mlflow_client, str(self._run_id)
+        run = client.get_run(run_id)
+        previous = run.info.status
+        if previous == "RUNNING":
+            pid = _recorded_pid(run.data.tags)
+            if pid is not None and pid != os.getpid() and _process_exists(pid):
+                rank_zero_warn(
+                    f"MLflow run {run_id} is RUNNING and its process {pid} still exists on "
+                    "this host: two fits would log into one run. Stop it before resuming."
+                )
+            previous = "KILLED"
+        marker = Resume(int(self._resume_step or 0), now_ms(), previous)
+        client.update_run(run_id, status="RUNNING")
+        self._drop_superseded_spool(marker)
+        index = max(_marker_tags(run.data.tags), default=0) + 1
+        return {f"{RESUME_TAG}{index}": marker.to_tag()}
+
+    def _drop_superseded_spool(self, marker: Resume) -> None:
+        """Remove from the run's spool the metrics and run end that ``marker`` supersedes."""
+        path = self.spool_path
+        if not path.is_file():
+            return
+        with _locked(path, "r+b") as handle:
+            lines = read_spool(handle.read())
+            kept = [line for line in lines if not _superseded(line.record, marker, self._run_id)]
+            if len(kept) < len(lines):
+                _rewrite(handle, _join(kept))
+
+    # --- where files go -------------------------------------------------------------------
+
+    @property
+    def save_dir(self) -> str:
+        """Local root of the run folders (Lightning puts checkpoints under it)."""
+        return self._local_dir
+
+    @property
+    def local_run_dir(self) -> Path:
+        """``<save_dir>/<experiment id>/<run id>``: checkpoints, diagrams, spool."""
+        return Path(self._local_dir) / str(self.name) / str(self.version)
+
+    @property
+    def log_dir(self) -> str:
+        return str(self.local_run_dir)
+
+    @property
+    def spool_path(self) -> Path:
+        return self.local_run_dir / SPOOL_NAME
+
+    # --- the spool ------------------------------------------------------------------------
+
+    def _spool(self, record: dict[str, Any], error: BaseException) -> None:
+        """Append a record (with run id, tracking URI and time) to the spool; warn once."""
+        path = self.spool_path
+        record = {"timestamp": now_ms(), **record}
+        record.update(run_id=self._run_id, tracking_uri=self._tracking_uri)
+        append_spool_record(path, record)
+        if self.spooled == 0:
+            rank_zero_warn(
+                f"MLflow tracking at {self._tracking_uri} failed ({type(error).__name__}: "
+                f"{error}). Training goes on; what cannot be sent is kept in {path}. Replay it "
+                f"with `lightning-losses sync-tracking {path}` once the server is back."
+            )
+        self.spooled += 1
+
+    # --- logging, each call falling back to the spool ----------------------------------------
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log metrics at ``step``; spool them if the store fails (each (key, step) once)."""
+        try:
+            super().log_metrics(metrics, step)
+        except Exception as error:
+            step = step or 0
+            values = {
+                key: float(value)
+                for key, value in metrics.items()
+                if not isinstance(value, str) and (key, step) not in self._spooled_steps
+            }
+            if values:
+                self._spooled_steps.update((key, step) for key in values)
+                self._spool({"kind": "metrics", "metrics": values, "step": step}, error)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        """Log the module's hyper-parameters once each, as dotted params (see :meth:`log_params`).
+
+        ``None`` values and private entries (LightningCLI's ``_instantiator``) are left out.
+        With :attr:`model_param_prefix` set (by the CLI, which logs the config), each name is
+        prefixed and the params the config logged already are not logged again.
+        """
+        values = params if isinstance(params, Mapping) else vars(params)
+        values = {k: v for k, v in values.items() if not str(k).startswith("_")}
+        flat = flatten(values, self.model_param_prefix or "", drop_none=True)
+        if flat:
+            self.log_params(flat)
+
+    @rank_zero_only
+    def log_params(self, params: Mapping[str, str]) -> None:
+        """Log already-flat params (values cut to MLflow's 6,000 characters)."""
+        from mlflow.entities import Param
+
+        try:
+            # A resumed run keeps the params it has (MLflow refuses to change a param's value).
+            existing = self.experiment.get_run(self.run_id).data.params
+            items = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
+            for start in range(0, len(items), 100):
+                self.experiment.log_batch(self.run_id, params=items[start : start + 100])
+        except Exception as error:
+            self._spool({"kind": "params", "params": dict(params)}, error)
+
+    @rank_zero_only
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        try:
+            for key, value in tags.items():
+                self.experiment.set_tag(self.run_id, key, str(value))
+        except Exception as error:
+            self._spool({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}}, error)
+
+    @rank_zero_only
+    def log_file(
+        self, path: str | Path, artifact_path: str | None = None, *, link: bool = False
+    ) -> None:
+        """Log a local file as an artifact of the run (spooled by path if the server fails).
+
+        A file this logger logged already to the same ``artifact_path``, unchanged since (same
+        size and modification time), is not sent again: the best checkpoint is logged at the
+        end of every ``fit`` and ``test`` of the logger.
+
+        Args:
+            path: the file.
+            artifact_path: the artifact folder (``None``: the run's artifact root).
+            link: when the run's artifacts are a local folder (a local store), make the
+                artifact a hard link to ``path`` instead of a copy, so that the file is stored
+                once (:meth:`link_artifact`); a server's store gets a copy, as without it.
+        """
+        key = (os.path.realpath(path), artifact_path)
+        try:
+            stat = os.stat(path)
+        except OSError:  # MLflow names the missing file (or the spool keeps its path)
+            stat = None
+        if stat is not None:
+            version = (stat.st_size, stat.st_mtime_ns)
+            if self._logged_files.get(key) == version:
+                return
+            self._logged_files[key] = version
+        try:
+            if not (link and self.link_artifact(path, artifact_path)):
+                self.experiment.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
+        except Exception as error:
+            record = {"kind": "artifact", "path": str(Path(path).resolve())}
+            self._spool({**record, "artifact_path": artifact_path}, error)
+
+    def local_artifact_dir(self) -> Path | None:
+        """The run's artifact folder when its artifact store is local (``file:``), else ``None``.
+
+        With the default local store (``sqlite:///mlflow.db``) it is
+        ``<save_dir>/artifacts/<run id>/artifacts``.
+        """
+        uri = self.experiment.get_run(self.run_id).info.artifact_uri
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+            return None
+        return Path(urllib.request.url2pathname(parsed.path))
+
+    def link_artifact(self, path: str | Path, artifact_path: str | None = None) -> bool:
+        """Make ``path`` an artifact of the run by a hard link into its local artifact folder.
+
+        The artifact and ``path`` are then one file on disk (one inode, stored once; deleting
+        either name keeps the other); the link replaces an artifact of the same name.
+
+        Returns:
+            Whether the link was made: ``False`` when the artifact store is not a local
+            folder (a server) or the file system refuses the link (another device, no hard
+            links); then log a copy instead.
+        """
+        folder = self.local_artifact_dir()
+        if folder is None:
+            return False
+        target = folder / (artifact_path or "") / Path(path).name
+        staged = target.with_name(f".{target.name}.link")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() and os.path.samefile(path, target):
+                return True
+            staged.unlink(missing_ok=True)
+            os.link(path, staged)
+            os.replace(staged, target)  # whole or not at all: never a half-written artifact
+        except OSError:
+            staged.unlink(missing_ok=True)
+            return False
+        return True
+
+    @rank_zero_only
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        # Lightning calls this after every save; keep the first callback that tracks a best
+        # model (one with a monitor: the config's first, ``trainer.checkpoint_callback``), not
+        # LastCheckpoint nor a monitor-less or later one a user added.
+        kept = self._checkpoint_callback
+        if kept is None or (
+            getattr(checkpoint_callback, "monitor", None) and not getattr(kept, "monitor", None)
+        ):
+            self._checkpoint_callback = checkpoint_callback
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if not self._initialized:
+            return
+        callback = self._checkpoint_callback
+        best = getattr(callback, "best_model_path", "") if callback is not None else ""
+        if self._log_best_checkpoint and best and Path(best).exists():
+            self.log_file(best, artifact_path="checkpoints", link=True)
+        mlflow_status = "FINISHED" if status in ("success", "finished") else "FAILED"
+        try:
+            self.experiment.set_terminated(self.run_id, mlflow_status)
+        except Exception as error:
+            self._spool({"kind": "terminate", "status": mlflow_status}, error)
+        if self.spooled:
+            rank_zero_warn(
+                f"{self.spooled} tracking calls could not reach {self._tracking_uri}; they are "
+                f"in {self.spool_path}: `lightning-losses sync-tracking {self.spool_path}`"
+            )
+
+
+def _superseded(record: Mapping[str, Any] | None, marker: Resume, run_id: str | None) -> bool:
+    """Whether a spool record of ``run_id`` is superseded by a resume ``marker``.
+
+    Metrics logged before the marker at steps ``>=`` its step, and a run end recorded before
+    it, are; other records, records without a time and damaged lines (``None``) are not.
+    """
+    if record is None or record.get("run_id") != run_id or "timestamp" not in record:
+        return False
+    if record["kind"] == "metrics":
+        return marker.supersedes(int(record["step"]), int(record["timestamp"]))
+    return record["kind"] == "terminate" and int(record["timestamp"]) < marker.time_ms
