@@ -484,3 +484,27 @@ def test_dense_inputs_keep_their_interval_over_batchings_of_samples():
             metric.update(logits[rows], target[rows])
         got = torch.stack(metric.compute())
         assert torch.allclose(got, torch.stack([estimate, low, high]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [400, 100_000])
+@pytest.mark.parametrize("attempts", [0, 4])
+def test_smooth_replicates_equal_the_one_grid_smooth_ece(n, attempts):
+    """Every replicate's smECE (secant search, or bisection with ``attempts=0``) equals the
+    single-grid path of ``smooth_calibration_error_from_grid``, row by row."""
+    from lightning_losses.calibration.bootstrap import REPLICATE_GRID_SIZE, _smooth_values
+    from lightning_losses.calibration.smooth import smooth_calibration_error_from_grid
+
+    rng = np.random.default_rng(n + attempts)
+    confidence = rng.beta(4.0, 1.5, n)
+    correct = rng.uniform(size=n) < confidence**1.4
+    node = np.rint(confidence * REPLICATE_GRID_SIZE).astype(np.int64)
+    weights = np.vstack([np.ones(n), rng.poisson(1.0, (40, n))])
+    size = REPLICATE_GRID_SIZE + 1
+    mass = np.stack([np.bincount(node, weights=w, minlength=size) for w in weights])
+    residual = np.stack(
+        [np.bincount(node, weights=w * (confidence - correct), minlength=size) for w in weights]
+    )
+    fast = _smooth_values(mass, residual, attempts=attempts)
+    for row in range(len(weights)):
+        expected = float(smooth_calibration_error_from_grid(mass[row], residual[row]))
+        assert fast[row] == pytest.approx(expected, abs=1e-12), row
