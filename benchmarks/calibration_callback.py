@@ -24,6 +24,7 @@ import torch
 from lightning_losses.callbacks import CalibrationMonitor
 from lightning_losses.data import DigitsDataModule
 from lightning_losses.models import ClassifierModule
+from lightning_losses.quiet import silence_libraries
 
 VARIANTS = {
     "no callback": lambda: [],
@@ -61,6 +62,7 @@ def fit_seconds(callbacks: list, epochs: int) -> float:
 
 
 def main() -> None:
+    silence_libraries()  # Lightning's tips and device lines stay out of the tables
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)

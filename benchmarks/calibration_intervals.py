@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from lightning_losses.calibration import calibration_error_interval
 from lightning_losses.callbacks import CalibrationMonitor
+from lightning_losses.quiet import silence_libraries
 
 
 class Stored(L.LightningModule):
@@ -170,6 +171,7 @@ def coverage(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    silence_libraries()  # Lightning's tips and device lines stay out of the tables
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--classes", type=int, default=100)
