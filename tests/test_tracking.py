@@ -209,7 +209,7 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
         copy = spool.read_bytes()
 
         srv.start()
-        done = sync_tracking(spool)
+        done = sync_tracking(spool, srv.uri)  # a server: named, not taken from the spool
         assert done["metrics"] > 0 and done["terminate"] == 1
         assert not spool.exists() and spool.with_name(spool.name + ".synced").exists()
 
@@ -229,7 +229,7 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
         # A replay killed before it removed the spool, run again, writes nothing twice.
         counts = {key: len(c.get_metric_history(run_id, key)) for key in expected}
         spool.write_bytes(copy)
-        again = sync_tracking(spool)
+        again = sync_tracking(spool, srv.uri)
         assert again["skipped"] == len(spooled)
         assert {key: len(c.get_metric_history(run_id, key)) for key in expected} == counts
         artifacts = artifact_paths(srv.uri, run_id)

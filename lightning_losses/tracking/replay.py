@@ -1,11 +1,25 @@
-"""``lightning-losses sync-tracking``: replay of spools into the store once it is back."""
+"""``lightning-losses sync-tracking``: replay of spools into the store once it is back.
+
+A spool is a file that anyone able to write the run's folder could have written, so its lines
+are not obeyed blindly: a spool is replayed into one store, which its lines may only repeat,
+for one run, and uploads only files inside the run's folder (see :func:`sync_tracking`).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sqlite3
+import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -13,47 +27,217 @@ if TYPE_CHECKING:
 from lightning_losses.tracking.constants import SPOOL_NAME, SYNCED_SUFFIX
 from lightning_losses.tracking.history import Resume, _marker_tags
 from lightning_losses.tracking.process import process_is_gone
-from lightning_losses.tracking.spool import SpoolLine, _join, _locked, _rewrite, read_spool
+from lightning_losses.tracking.spool import _locked, copy_bytes, iter_spool
 from lightning_losses.tracking.uri import fail_fast_http, resolve_tracking_uri
+
+# --- which store, which run, which files ----------------------------------------------------
+
+_SQLITE = "sqlite:///"
+#: Tables every MLflow SQLite store has (a SQLite file without them is not a store).
+_MLFLOW_TABLES = {"experiments", "runs", "metrics", "alembic_version"}
+
+
+class SpoolReplayError(RuntimeError):
+    """A spool was not replayed whole: some lines, or all of them (its store was refused).
+
+    Attributes:
+        done: what was replayed, counted per kind.
+        problems: why each line that was not replayed was not, by line number (empty when the
+            whole spool was refused).
+    """
+
+    def __init__(
+        self, message: str, done: dict[str, int], problems: Mapping[int, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.done = done
+        self.problems = dict(problems or {})
+
+
+class _Refused(Exception):
+    """A spool line that is not replayed, for the reason its message gives."""
+
+
+def _one_line(text: str, most: int = 300) -> str:
+    """``text`` on one line, at most ``most`` characters (spool content may hold newlines)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= most else flat[: most - 3] + "..."
+
+
+def store_key(uri: str) -> str:
+    """What identifies a store: its resolved URI without user info, query, fragment or end ``/``.
+
+    URIs of one store have one key: ``sqlite:///mlflow.db`` and its absolute path (symbolic
+    links and ``..`` resolved), a server with and without ``user:password@`` or ``?token=``.
+    The key holds no secret, so it can be printed.
+
+    Example:
+        >>> store_key("http://alice:pw@Example.org:5000/?token=x")
+        'http://example.org:5000'
+        >>> store_key("sqlite:////tmp/../tmp/mlflow.db")
+        'sqlite:////tmp/mlflow.db'
+    """
+    try:
+        uri = resolve_tracking_uri(uri)
+        if uri.startswith(_SQLITE):
+            path = uri[len(_SQLITE) :].split("?", 1)[0]
+            return _SQLITE + (path if path in ("", ":memory:") else os.path.realpath(path))
+        parts = urllib.parse.urlsplit(uri)
+        if len(parts.scheme) <= 1:  # a plain path (or a drive letter): a local file store
+            return "file://" + os.path.realpath(uri)
+        if parts.scheme.lower() == "file":
+            return "file://" + os.path.realpath(urllib.request.url2pathname(parts.path))
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+    except ValueError:  # a NUL byte, a port that is not a number
+        return f"(not a tracking URI: {uri[:80]!r})"
+    return urllib.parse.urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _is_mlflow_sqlite(key: str) -> bool:
+    """Whether the store key ``sqlite:///<path>`` names an existing MLflow SQLite store.
+
+    The file is opened read-only: nothing is created or changed.
+    """
+    path = Path(key[len(_SQLITE) :])
+    if not key.startswith(_SQLITE) or not path.is_absolute() or not path.is_file():
+        return False
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.Error:
+        return False
+    return _MLFLOW_TABLES <= {name for (name,) in rows}
+
+
+def _artifact_source(record: Mapping[str, Any], folder: Path) -> Path:
+    """The file an ``artifact`` record names, resolved, if it lies inside the run's ``folder``.
+
+    A relative path is taken from the folder. Symbolic links and ``..`` are resolved first, so
+    neither leads out of it.
+
+    Raises:
+        _Refused: the path is not a string, or leads outside ``folder``, or to no regular file.
+    """
+    path = record.get("path")
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise _Refused(f"its artifact 'path' is not a file name ({path!r:.100})")
+    real = Path(os.path.realpath(folder / path))  # an absolute path replaces the folder
+    if not real.is_relative_to(folder):
+        raise _Refused(f"artifact {path!r:.200} is outside the run's folder {folder}")
+    if not real.is_file():
+        raise _Refused(f"artifact {path!r:.200} is not a file in the run's folder {folder}")
+    return real
+
+
+def _artifact_folder(record: Mapping[str, Any]) -> str | None:
+    """The record's ``artifact_path``: ``None`` or a relative folder without ``..``.
+
+    Raises:
+        _Refused: anything else (an absolute folder or ``..`` could write outside the run's
+            artifacts in a local artifact store).
+    """
+    value = record.get("artifact_path")
+    if value is None or value == "":
+        return None
+    parts = value.split("/") if isinstance(value, str) else []
+    bad = not parts or value.startswith("/") or any(c in value for c in "\\:\0")
+    if bad or any(part in ("", ".", "..") for part in parts):
+        raise _Refused(f"artifact folder {value!r:.200} is not a plain relative folder")
+    return value
+
+
+@dataclass
+class _Survey:
+    """What a spool is about, from a first read: its run, its store, its resume markers.
+
+    Attributes:
+        run_id: the run of the spool's first record; lines of another run are refused.
+        store: the tracking URI of the first record of that run that names one (the logger
+            records its store in every record); lines naming another store are refused.
+        markers: the resume markers in the spool's ``tags`` records of that run and store.
+    """
+
+    run_id: str | None = None
+    store: str | None = None
+    markers: dict[int, Resume] = field(default_factory=dict)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Take one valid record into account (in file order)."""
+        self.run_id = self.run_id or record["run_id"]
+        if record["run_id"] == self.run_id:
+            self.store = self.store or record.get("tracking_uri")
+        tags = record.get("tags")
+        if record["kind"] == "tags" and isinstance(tags, dict) and self.refusal(record) is None:
+            self.markers.update(_marker_tags(tags))
+
+    def refusal(self, record: Mapping[str, Any]) -> str | None:
+        """Why a record is not replayed because of its run or its store, or ``None``."""
+        if record["run_id"] != self.run_id:
+            return f"belongs to run {record['run_id']!r:.100}, not this spool's run {self.run_id}"
+        uri = record.get("tracking_uri")
+        if uri and uri != self.store and store_key(uri) != store_key(self.store or ""):
+            ours = store_key(self.store or "")
+            return f"names the store {store_key(uri)}, not this spool's {ours}"
+        return None
+
+
+def _target(path: Path, survey: _Survey, tracking_uri: str | None) -> str:
+    """The one store a spool is replayed into.
+
+    ``tracking_uri`` when given; else the spool's recorded store (the default store when it
+    records none) when it is the default store (``$MLFLOW_TRACKING_URI`` or
+    ``sqlite:///mlflow.db``, whose credentials then come from the environment) or an existing
+    MLflow SQLite file; a SQLite store is never created.
+
+    Raises:
+        SpoolReplayError: no store given and the recorded one is neither (nothing is sent to
+            it, no file is created).
+    """
+    if tracking_uri is not None:
+        return resolve_tracking_uri(tracking_uri)
+    default = resolve_tracking_uri()
+    key = store_key(survey.store or default)
+    if key.startswith(_SQLITE) and not _is_mlflow_sqlite(key):
+        reason = "is not an existing MLflow SQLite store"
+    elif key == store_key(default):
+        return default  # as the user wrote it: credentials, options
+    elif key.startswith(_SQLITE):
+        return key
+    else:
+        reason = f"is neither --tracking-uri nor the default store ({store_key(default)})"
+    raise SpoolReplayError(
+        f"not replayed: its store, {key}, {reason}; nothing was sent and no file was created. "
+        f"If the run is in a store of yours, name it with --tracking-uri URI",
+        {},
+    )
+
 
 # --- replay -------------------------------------------------------------------------------
 
 
-class SpoolReplayError(RuntimeError):
-    """Some lines of a spool were not replayed; ``done`` counts what was (per kind)."""
-
-    def __init__(self, message: str, done: dict[str, int]) -> None:
-        super().__init__(message)
-        self.done = done
-
-
-def _spooled_markers(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Resume]]:
-    """Resume markers found in the spool's ``tags`` records, by run id."""
-    found: dict[str, dict[int, Resume]] = {}
-    for record in records:
-        if record["kind"] == "tags":
-            found.setdefault(record["run_id"], {}).update(_marker_tags(record["tags"]))
-    return found
-
-
-def _attempt(resumes: Iterable[Resume], timestamp: int) -> int:
+def _attempt(resumes: Sequence[Resume], timestamp: int) -> int:
     """Which attempt of a run logged at ``timestamp``: the number of resumes before it."""
     return sum(1 for resume in resumes if resume.time_ms <= timestamp)
 
 
 class _Replay:
-    """Replays spool records into their MLflow stores, never writing a (metric, step) twice.
+    """Replays one spool's records into one store, never writing a (metric, step) twice.
 
     Args:
-        tracking_uri: store for every record (default: the one each record names).
-        records: every valid record of the spool (their resume markers count from the start).
+        tracking_uri: the store (see :func:`_target`).
+        survey: the spool's run, store and resume markers; records of another run or store
+            are refused.
+        folder: the run's folder (resolved); artifacts must lie inside it.
     """
 
-    def __init__(self, tracking_uri: str | None, records: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, tracking_uri: str, survey: _Survey, folder: Path) -> None:
         self.tracking_uri = tracking_uri
-        self.clients: dict[str, MlflowClient] = {}
-        self.run_clients: dict[str, MlflowClient] = {}
-        self.spooled_markers = _spooled_markers(records)
+        self.survey = survey
+        self.folder = folder
+        self._client: MlflowClient | None = None
         self.markers: dict[str, list[Resume]] = {}
         self.present: dict[tuple[str, str], list[tuple[int, int]]] = {}
         self.last_time: dict[str, int] = {}
@@ -66,27 +250,39 @@ class _Replay:
             "terminate": self._terminate,
         }
 
+    @property
+    def client(self) -> MlflowClient:
+        """The store's client, made at the first record replayed."""
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
+
     def count(self, what: str, n: int = 1) -> None:
         self.done[what] = self.done.get(what, 0) + n
 
     def apply(self, record: Mapping[str, Any]) -> None:
-        """Replay one record (raises what MLflow raises)."""
-        from mlflow.tracking import MlflowClient
+        """Replay one record.
 
-        uri = self.tracking_uri or record.get("tracking_uri") or resolve_tracking_uri()
-        client = self.clients.setdefault(uri, MlflowClient(uri))
+        Raises:
+            _Refused: the record is of another run or store, or names a file it may not.
+            Exception: what MLflow raises.
+        """
+        refusal = self.survey.refusal(record)
+        if refusal is not None:
+            raise _Refused(refusal)
         run_id = record["run_id"]
-        self.run_clients.setdefault(run_id, client)
         if "timestamp" in record:
             self.last_time[run_id] = max(self.last_time.get(run_id, 0), int(record["timestamp"]))
-        self.handlers[record["kind"]](client, run_id, record)
+        self.handlers[record["kind"]](self.client, run_id, record)
         self.count(record["kind"])
 
     def resumes(self, client: MlflowClient, run_id: str) -> list[Resume]:
         """The run's resume markers: its tags' and the spool's, oldest first."""
         if run_id not in self.markers:
             found = _marker_tags(client.get_run(run_id).data.tags)
-            found.update(self.spooled_markers.get(run_id, {}))
+            found.update(self.survey.markers)
             self.markers[run_id] = [found[index] for index in sorted(found)]
         return self.markers[run_id]
 
@@ -135,7 +331,10 @@ class _Replay:
             client.set_tag(run_id, key, str(value))
 
     def _artifact(self, client: MlflowClient, run_id: str, record: Mapping[str, Any]) -> None:
-        client.log_artifact(run_id, record["path"], artifact_path=record.get("artifact_path"))
+        """Upload the file, if it lies inside the run's folder (checked right before)."""
+        folder = _artifact_folder(record)
+        source = _artifact_source(record, self.folder)
+        client.log_artifact(run_id, str(source), artifact_path=folder)
 
     def _terminate(self, client: MlflowClient, run_id: str, record: Mapping[str, Any]) -> None:
         """End the run with the recorded status and time, unless a later resume reopened it."""
@@ -148,46 +347,94 @@ class _Replay:
         client.set_terminated(run_id, record["status"], end_time=timestamp)
 
     def mark_killed(self) -> None:
-        """Set ``KILLED`` the replayed runs still ``RUNNING`` whose process is gone.
+        """Set ``KILLED`` the spool's run if it is still ``RUNNING`` and its process is gone.
 
         The end time is the last time the spool recorded for the run. A run that cannot be
-        read is left as it is (its records failed already).
+        read is left as it is (its records failed already); so is a run none of whose
+        records was replayed or tried.
         """
-        for run_id, client in self.run_clients.items():
-            try:
-                run = client.get_run(run_id)
-                if run.info.status == "RUNNING" and process_is_gone(run.data.tags):
-                    client.set_terminated(run_id, "KILLED", end_time=self.last_time.get(run_id))
-                    self.count("killed")
-            except Exception:
-                continue
+        run_id = self.survey.run_id
+        if self._client is None or run_id is None:
+            return
+        try:
+            run = self._client.get_run(run_id)
+            if run.info.status == "RUNNING" and process_is_gone(run.data.tags):
+                self._client.set_terminated(run_id, "KILLED", end_time=self.last_time.get(run_id))
+                self.count("killed")
+        except Exception:
+            return
 
 
-def _settle(path: Path, data: bytes, kept: list[SpoolLine], replayed: list[SpoolLine]) -> None:
+class _Ranges(list[tuple[int, int]]):
+    """Byte ranges ``(start, size)`` of spool lines, neighbours merged (memory stays small)."""
+
+    def add(self, start: int, size: int) -> None:
+        if self and self[-1][0] + self[-1][1] == start:
+            self[-1] = (self[-1][0], self[-1][1] + size)
+        else:
+            self.append((start, size))
+
+    def copy(self, source: IO[bytes], target: IO[bytes]) -> None:
+        for start, size in self:
+            copy_bytes(source, target, start, size)
+
+
+def _prefix_digest(handle: IO[bytes], size: int) -> bytes:
+    """The SHA-256 of the first ``size`` bytes of an open file."""
+    digest = hashlib.sha256()
+    handle.seek(0)
+    while size > 0 and (chunk := handle.read(min(size, 1 << 16))):
+        digest.update(chunk)
+        size -= len(chunk)
+    return digest.digest()
+
+
+def _append_journal(path: Path, source: IO[bytes], replayed: _Ranges) -> None:
+    """Append the replayed lines to ``<spool>.synced`` (never through a symbolic link)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(path.with_name(path.name + SYNCED_SUFFIX), flags, 0o666), "ab") as out:
+        replayed.copy(source, out)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _settle(path: Path, seen: int, digest: bytes, kept: _Ranges, replayed: _Ranges) -> None:
     """Journal the replayed lines; leave the others, and lines appended since, in the spool.
 
     Under the spool's lock: the replayed lines are appended to ``<name>.synced``; the spool
-    is rewritten with the lines kept (damaged ones byte for byte) followed by whatever a
-    live logger appended while the replay ran, or removed when nothing is left.
+    is replaced by a file holding the lines kept (damaged ones byte for byte) and whatever a
+    live logger appended while the replay ran, with the spool's permissions, or removed when
+    nothing is left. A spool whose first ``seen`` bytes changed meanwhile (a resume cut it,
+    another replay settled it) is left as it is: a later replay skips what this one wrote.
     """
     with _locked(path, "r+b") as handle:
-        current = handle.read()
-        appended = current[len(data) :] if current.startswith(data) else current
+        size = os.fstat(handle.fileno()).st_size
+        if size < seen or _prefix_digest(handle, seen) != digest:
+            return
         if replayed:
-            with path.with_name(path.name + SYNCED_SUFFIX).open("ab") as journal:
-                journal.write(_join(replayed))
-        remaining = _join(kept) + appended
-        if remaining.strip():
-            _rewrite(handle, remaining)
-        else:
+            _append_journal(path, handle, replayed)
+        if not kept and size == seen:
             path.unlink()
+            return
+        kept.add(seen, size - seen)  # what was appended since
+        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                kept.copy(handle, out)
+                out.flush()
+                os.fchmod(out.fileno(), stat.S_IMODE(os.fstat(handle.fileno()).st_mode))
+                os.fsync(out.fileno())
+            os.replace(name, path)  # a writer waiting for the lock then opens the new file
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
 
 
 def _problems_text(path: Path, problems: Mapping[int, str], replayed: int, total: int) -> str:
-    """The message of a partial replay: each line not replayed, by number, and why."""
-    listing = "; ".join(f"line {number}: {problems[number]}" for number in sorted(problems))
+    """The message of a partial replay: a summary line, then each line not replayed and why."""
+    listing = "".join(f"\nline {number}: {problems[number]}" for number in sorted(problems))
     return (
-        f"replayed {replayed} of {total} lines; {len(problems)} not replayed, kept in {path}: "
+        f"replayed {replayed} of {total} lines; {len(problems)} not replayed, kept in {path}"
         f"{listing}"
     )
 
@@ -195,52 +442,84 @@ def _problems_text(path: Path, problems: Mapping[int, str], replayed: int, total
 def sync_tracking(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     """Replay a spool file into MLflow; returns how many records of each kind were replayed.
 
-    Each record carries its run id and tracking URI (``tracking_uri`` overrides the latter).
-
+    - The spool is replayed into one store: ``tracking_uri`` when given; else the store its
+      records name, when that is the default store (``$MLFLOW_TRACKING_URI``, else
+      ``sqlite:///mlflow.db``) or an existing MLflow SQLite file; else nothing is replayed
+      (:class:`SpoolReplayError`: no request is sent, no file is created). Stores are
+      compared by :func:`store_key` (without user info or query).
+    - Lines are refused (kept, named) when their run is not the run of the spool's first
+      record, or their store not the store of the first record that names one, or, for an
+      ``artifact``, when the file (symbolic links and ``..`` resolved; relative paths taken
+      from the spool's folder) lies outside the folder holding the spool, or the artifact
+      folder is absolute or holds ``..``. Lines over 1 MiB are refused unread.
     - Every valid line is replayed, in order, even when others are damaged (a line cut off
-      by a kill, one that is not a JSON record) or fail to replay.
+      by a kill, one that is not a JSON record or not UTF-8) or fail to replay.
     - Nothing is written twice: a metric entry is skipped (counted as ``skipped``) when the
       store already holds its (key, step) from the same or a later attempt of the run (a
       replay interrupted and run again) or when a resume marker supersedes it; a run end
       that a later resume reopened is skipped too.
-    - A run of the spool still ``RUNNING`` afterwards whose process (tags ``tracking.host``,
-      ``tracking.pid``) ran on this host and is gone is set ``KILLED`` (counted as
-      ``killed``).
+    - The spool's run, if still ``RUNNING`` afterwards and its process (tags
+      ``tracking.host``, ``tracking.pid``) ran on this host and is gone, is set ``KILLED``
+      (counted as ``killed``).
     - The replayed lines are appended to ``<name>.synced``. The spool keeps the lines not
       replayed (and any appended meanwhile by a running logger), or is removed when none
       are left.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        SpoolReplayError: some lines were not replayed; the message names each by its line
-            number and says why; they remain in the spool, the others were replayed.
+        SpoolReplayError: some lines were not replayed (the message names each by its line
+            number, one line each, and says why; they remain in the spool, the others were
+            replayed), or none was (the spool's store is refused, or ``path`` is a symbolic
+            link).
     """
     fail_fast_http()
     path = Path(path)
+    if path.is_symlink():
+        raise SpoolReplayError(
+            f"not replayed: {path} is a symbolic link; replay the file it points to", {}
+        )
     if not path.is_file():
         raise FileNotFoundError(f"spool file {path} does not exist")
-    with _locked(path, "r+b") as handle:
-        data = handle.read()
-    lines = read_spool(data)
-    replay = _Replay(tracking_uri, [line.record for line in lines if line.record is not None])
-    problems = {line.number: line.problem for line in lines if line.problem is not None}
-    replayed = []
-    for line in lines:
-        if line.record is None:
-            continue
-        try:
-            replay.apply(line.record)
-        except Exception as error:
-            problems[line.number] = f"replay failed ({type(error).__name__}: {error})"
-            continue
-        replayed.append(line)
-    replay.mark_killed()
-    _settle(path, data, [line for line in lines if line.number in problems], replayed)
+    with _locked(path, "r+b") as handle:  # where the records end: no append under way
+        reader = path.open("rb")  # the locked file: replacing it takes the lock
+        end = os.fstat(handle.fileno()).st_size
+    with reader:
+        survey = _Survey()
+        for line in iter_spool(reader, end):
+            if line.record is not None:
+                survey.add(line.record)
+        target = _target(path, survey, tracking_uri) if survey.run_id is not None else ""
+        replay = _Replay(target, survey, Path(os.path.realpath(path.parent)))
+        problems: dict[int, str] = {}
+        kept, replayed, total = _Ranges(), _Ranges(), 0
+        digest = hashlib.sha256()
+        for line in iter_spool(reader, end, digest):
+            total += 1
+            problem = line.problem
+            if problem is None:
+                problem = _replay_line(replay, line.record or {})
+            if problem is None:
+                replayed.add(line.start, line.size)
+            else:
+                problems[line.number] = problem
+                kept.add(line.start, line.size)
+        replay.mark_killed()
+        _settle(path, end, digest.digest(), kept, replayed)
     if problems:
-        raise SpoolReplayError(
-            _problems_text(path, problems, len(replayed), len(lines)), replay.done
-        )
+        text = _problems_text(path, problems, total - len(problems), total)
+        raise SpoolReplayError(text, replay.done, problems)
     return replay.done
+
+
+def _replay_line(replay: _Replay, record: Mapping[str, Any]) -> str | None:
+    """Replay one record; ``None``, or why it was refused or failed (on one line)."""
+    try:
+        replay.apply(record)
+    except _Refused as refusal:
+        return f"refused: {_one_line(str(refusal))}"
+    except Exception as error:
+        return f"replay failed ({type(error).__name__}: {_one_line(str(error))})"
+    return None
 
 
 def _spools(given: Path) -> list[Path]:
@@ -286,11 +565,13 @@ def sync_paths(paths: Sequence[str | Path], tracking_uri: str | None = None) -> 
 
     Args:
         paths: spool files (``tracking-spool.jsonl``) or folders searched for them.
-        tracking_uri: the store to replay into; ``None``: the URI each spool recorded.
+        tracking_uri: the store to replay into; ``None``: the store each spool recorded, if
+            :func:`sync_tracking` accepts it.
 
     Returns:
         0 when every spool was replayed whole; 1 when a path holds no spool or a spool had
-        lines that were not replayed (each named on stderr by its line number).
+        lines that were not replayed (each named on its own stderr line by its number) or
+        was refused whole.
     """
     from lightning_losses.commands import PROG
 
@@ -308,7 +589,8 @@ def sync_paths(paths: Sequence[str | Path], tracking_uri: str | None = None) -> 
                 done = sync_tracking(spool, tracking_uri)
             except SpoolReplayError as error:
                 print(f"{spool}: replayed {_summary(error.done)}")
-                print(f"{prog}: error: {spool}: {error}", file=sys.stderr)
+                for line in str(error).splitlines():  # a summary, then one line per problem
+                    print(f"{prog}: error: {spool}: {line}", file=sys.stderr)
                 status = 1
                 continue
             except (OSError, RuntimeError, ValueError) as error:

@@ -8,12 +8,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     pass
 
 from lightning_losses.tracking.constants import SPOOL_KINDS
+
+#: The longest spool line read, in bytes without its newline (1 MiB): a longer line is refused
+#: unread (the logger's records are a few hundred bytes; a params record at most ~600 kB).
+MAX_LINE_BYTES = 1 << 20
+#: Bytes read at a time when skipping an over-long line or copying lines between files.
+_CHUNK = 1 << 16
 
 # --- the spool file: one JSON record per newline-ended line ---------------------------------
 
@@ -95,6 +101,9 @@ class SpoolLine:
         ended: whether the newline was there (only the file's last line can lack it).
         record: the record it holds, or ``None`` when it is damaged.
         problem: what is wrong with a damaged line, else ``None``.
+        start: its byte offset in the file.
+        size: the bytes it takes in the file, its newline included (``raw`` is empty for a
+            line longer than :data:`MAX_LINE_BYTES` read by :func:`iter_spool`).
     """
 
     number: int
@@ -102,22 +111,39 @@ class SpoolLine:
     ended: bool
     record: dict[str, Any] | None
     problem: str | None
+    start: int = 0
+    size: int = 0
+
+
+def _too_long(length: int) -> str:
+    """The problem of a line of ``length`` bytes over :data:`MAX_LINE_BYTES`."""
+    return f"longer than {MAX_LINE_BYTES} bytes ({length} bytes): not read"
 
 
 def _parse_line(raw: bytes, ended: bool) -> tuple[dict[str, Any] | None, str | None]:
     """The record of one spool line, or ``(None, what is wrong with it)``."""
+    if len(raw) > MAX_LINE_BYTES:
+        return None, _too_long(len(raw))
     if not ended:
         return None, "cut off: no newline at its end (a write interrupted by a kill?)"
     try:
         record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
+    except UnicodeDecodeError as error:
+        return None, f"not UTF-8 text (byte {error.start + 1} is not)"
     except json.JSONDecodeError as error:
         return None, f"not a JSON record ({error.msg} at column {error.colno})"
-    if not isinstance(record, dict) or not record.get("run_id"):
-        return None, "not a spool record (a JSON object with 'kind' and 'run_id')"
+    except RecursionError:
+        return None, "not a spool record (JSON nested too deeply)"
+    except ValueError as error:  # e.g. an integer longer than Python converts
+        return None, f"not a spool record ({' '.join(str(error).split())[:200]})"
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        return None, "not a spool record (a JSON object with 'kind' and a string 'run_id')"
+    if not record["run_id"]:
+        return None, "not a spool record (its 'run_id' is empty)"
     if record.get("kind") not in SPOOL_KINDS:
-        return None, f"unknown record kind {record.get('kind')!r}"
+        return None, f"unknown record kind {record.get('kind')!r:.100}"
+    if not isinstance(record.get("tracking_uri", ""), (str, type(None))):
+        return None, "not a spool record (its 'tracking_uri' is not a string)"
     return record, None
 
 
@@ -134,13 +160,79 @@ def read_spool(data: bytes) -> list[SpoolLine]:
     if last_ended:
         pieces.pop()
     lines = []
+    start = 0
     for number, raw in enumerate(pieces, start=1):
-        if not raw.strip():
-            continue
         ended = number < len(pieces) or last_ended
-        record, problem = _parse_line(raw, ended)
-        lines.append(SpoolLine(number, raw, ended, record, problem))
+        size = len(raw) + ended
+        if raw.strip():
+            record, problem = _parse_line(raw, ended)
+            lines.append(SpoolLine(number, raw, ended, record, problem, start, size))
+        start += size
     return lines
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+def iter_spool(
+    handle: IO[bytes], limit: int | None = None, digest: _Digest | None = None
+) -> Iterator[SpoolLine]:
+    """The non-blank lines of an open spool file, read one at a time from its start.
+
+    Memory stays bounded whatever the file holds: a line longer than :data:`MAX_LINE_BYTES`
+    is skipped unread (its ``raw`` is empty, its ``problem`` says how long it is).
+
+    Args:
+        handle: the spool, opened in binary mode.
+        limit: read no further than this many bytes (``None``: to the end).
+        digest: a hash (``hashlib.sha256()``) that every byte read is fed to.
+
+    Example:
+        >>> import io
+        >>> data = b'{"kind": "tags", "run_id": "r", "tags": {}}\\n\\xff\\n'
+        >>> [(line.number, line.problem) for line in iter_spool(io.BytesIO(data))]
+        [(1, None), (2, 'not UTF-8 text (byte 1 is not)')]
+    """
+    handle.seek(0)
+    offset = number = 0
+
+    def read(most: int) -> bytes:
+        if limit is not None:
+            most = min(most, limit - offset)
+        piece = handle.readline(most) if most > 0 else b""
+        if digest is not None:
+            digest.update(piece)
+        return piece
+
+    while piece := read(MAX_LINE_BYTES + 1):
+        number += 1
+        start, length = offset, len(piece)
+        offset += len(piece)
+        ended = piece.endswith(b"\n")
+        while not ended and length > MAX_LINE_BYTES and (more := read(_CHUNK)):
+            offset += len(more)  # an over-long line: skipped to its end, not kept
+            length += len(more)
+            ended = more.endswith(b"\n")
+        content = length - ended
+        if content > MAX_LINE_BYTES:
+            yield SpoolLine(number, b"", ended, None, _too_long(content), start, length)
+        elif piece.strip():
+            raw = piece[:content]
+            record, problem = _parse_line(raw, ended)
+            yield SpoolLine(number, raw, ended, record, problem, start, length)
+
+
+def copy_bytes(source: IO[bytes], target: IO[bytes], start: int, size: int) -> None:
+    """Copy ``size`` bytes of ``source`` from offset ``start`` to ``target``, a chunk at a time."""
+    source.seek(start)
+    while size > 0:
+        chunk = source.read(min(size, _CHUNK))
+        if not chunk:
+            raise OSError(f"{getattr(source, 'name', 'the spool')} ended before byte {start}")
+        target.write(chunk)
+        size -= len(chunk)
+        start += len(chunk)
 
 
 def _join(lines: Iterable[SpoolLine]) -> bytes:
