@@ -140,11 +140,12 @@ def run_claim(
     tasks = [(v, seed) for v in claim.variants for seed in range(claim.seeds(seeds))]
     runs: dict[tuple[str, int], str] = {}
     reused_count = 0
+    trained_count = 0
     failures: list[str] = []
     started = time.perf_counter()
 
     def report(k: int, variant: Variant, seed: int, outcome: Any) -> None:
-        nonlocal reused_count
+        nonlocal reused_count, trained_count
         where = f"[{k}/{len(tasks)}] claim {claim.number} {variant.name} seed {seed}"
         if isinstance(outcome, BaseException):
             failures.append(f"{variant.name} seed {seed}: {type(outcome).__name__}: {outcome}")
@@ -154,10 +155,10 @@ def run_claim(
         run_id, reused, seconds = outcome
         runs[(variant.name, seed)] = run_id
         reused_count += reused
-        elapsed = time.perf_counter() - started
-        eta = elapsed / k * (len(tasks) - k)
+        trained_count += not reused
+        eta = eta_text(time.perf_counter() - started, trained_count, len(tasks) - k)
         state = "reused" if reused else f"{seconds:.1f} s"
-        print(f"{where}: {run_id} ({state}) ETA {eta:.0f} s", flush=True)
+        print(f"{where}: {run_id} ({state}) ETA {eta}", flush=True)
 
     if jobs <= 1:
         for k, (variant, seed) in enumerate(tasks, 1):
@@ -191,6 +192,23 @@ def run_claim(
             error = future.exception()  # waits, in submission order
             report(k, variant, seed, error if error is not None else future.result())
     return runs, reused_count, failures
+
+
+def eta_text(elapsed: float, trained: int, remaining: int) -> str:
+    """The time left if every remaining run trains at the pace of those trained so far.
+
+    Reused runs take no time, so the pace counts trained runs only; before the first trained
+    run there is no pace (``?``).
+
+    Example:
+        >>> eta_text(600.0, 4, 10), eta_text(1.0, 0, 10), eta_text(600.0, 4, 0)
+        ('1500 s', '?', '0 s')
+    """
+    if remaining == 0:
+        return "0 s"
+    if trained == 0:
+        return "?"
+    return f"{elapsed / trained * remaining:.0f} s"
 
 
 def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
