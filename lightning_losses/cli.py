@@ -25,6 +25,8 @@ import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
+from .callbacks.checkpoint import log_at_checkpoint_step, use_atomic_saves
+from .cli_checks import checkpoint_problem, store_errors_in_one_line
 from .cli_parser import (
     LossesArgumentParser,
     constructor_errors_in_one_line,
@@ -40,9 +42,15 @@ from .tracking import (
     DEFAULT_SAVE_DIR,
     TrackingConfigCallback,
     check_reachable,
+    check_store,
     checkpoint_tracking,
+    has_redactions,
+    redact_uri,
     resolve_tracking_uri,
     run_folder_root,
+    same_store,
+    sqlite_file,
+    without_redacted,
 )
 
 SUBCOMMANDS = LIGHTNING_COMMANDS
@@ -85,7 +93,11 @@ def continue_checkpoint_run(init_args: Any, checkpoint_path: str, resume: bool) 
 
     - Store: the checkpoint's tracking URI, unless the user chose one
       (``trainer.logger.init_args.tracking_uri`` or ``MLFLOW_TRACKING_URI``). A chosen store
-      that is not the checkpoint's gets a new run, with a warning naming both.
+      that is not the checkpoint's gets a new run, with a warning naming both (redacted).
+      The stores are compared without credentials (:func:`same_store`): the checkpoint
+      records its URI redacted (``user:***@host``), and the user's URI brings the password
+      again. Without a chosen URI, a redacted one is tried without its ``***`` parts
+      (:func:`recorded_store`).
     - Run: the checkpoint's run id (unless ``run_id`` is given).
     - Files: the checkpoint's run folder (``save_dir`` = the folder above
       ``<experiment id>/<run id>/``), unless ``save_dir`` differs from the default
@@ -102,14 +114,18 @@ def continue_checkpoint_run(init_args: Any, checkpoint_path: str, resume: bool) 
         return False
     chosen = init_args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
     recorded = info["tracking_uri"]
-    if chosen and resolve_tracking_uri(chosen) != resolve_tracking_uri(recorded):
+    if chosen and not same_store(chosen, recorded):
         rank_zero_warn(
-            f"{checkpoint_path} belongs to MLflow run {info['run_id']} in {recorded}; the "
-            f"tracking URI chosen ({URI_OPTION} or MLFLOW_TRACKING_URI) is {chosen}, so a new "
-            "run starts there."
+            f"{checkpoint_path} belongs to MLflow run {info['run_id']} in "
+            f"{redact_uri(recorded)}; the tracking URI chosen ({URI_OPTION} or "
+            f"MLFLOW_TRACKING_URI) is {redact_uri(chosen)}, so a new run starts there."
         )
         return False
-    init_args["tracking_uri"] = chosen or recorded
+    timeout = float(init_args.get("connect_timeout") or 5.0)
+    command = "fit" if resume else None
+    init_args["tracking_uri"] = chosen or recorded_store(
+        recorded, checkpoint_path, timeout, command=command
+    )
     if init_args.get("run_id") is None:
         init_args["run_id"] = info["run_id"]
     root = run_folder_root(checkpoint_path, info["run_id"], str(info.get("experiment_id")))
@@ -118,6 +134,44 @@ def continue_checkpoint_run(init_args: Any, checkpoint_path: str, resume: bool) 
     if resume:
         init_args["resume_step"] = info["global_step"]
     return not chosen
+
+
+def recorded_store(
+    recorded: str, checkpoint_path: str, timeout: float = 5.0, *, command: str | None = None
+) -> str:
+    """The URI to continue a checkpoint's run with when the user gave none.
+
+    A URI recorded without secrets (or by an older version, with them) is used as it is. A
+    redacted one (``user:***@host``, ``token=***``) is tried without its ``***`` parts
+    (:func:`without_redacted`): MLflow's ``MLFLOW_TRACKING_USERNAME`` /
+    ``MLFLOW_TRACKING_PASSWORD`` / ``MLFLOW_TRACKING_TOKEN``, or a database's own password
+    file, may supply the credentials. If the store does not answer that way
+    (:func:`check_store`), the command stops with one line naming the checkpoint, the
+    redacted URI and the ways to give the credentials again; exit status 2.
+
+    Args:
+        recorded: the checkpoint's tracking URI.
+        checkpoint_path: the checkpoint (named in the message).
+        timeout: seconds to wait for a server.
+        command: the subcommand, for the message's ``lightning-losses COMMAND: error:``.
+    """
+    if not has_redactions(recorded):
+        return recorded
+    stripped = without_redacted(recorded)
+    try:
+        check_store(stripped, timeout)
+    except ConnectionError as error:
+        prog = f"{PROG} {command}" if command else PROG
+        print(
+            f"{prog}: error: {checkpoint_path} records its MLflow store as {recorded} "
+            f"(credentials are never stored), and without them it does not answer ({error}). "
+            f"Give the URI with its credentials again in MLFLOW_TRACKING_URI or --{URI_OPTION}, "
+            "or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+            "MLFLOW_TRACKING_TOKEN).",
+            file=sys.stderr,
+        )
+        raise SystemExit(USAGE_ERROR) from None
+    return stripped
 
 
 def require_reachable(init_args: Any, source: str, command: str) -> None:
@@ -194,11 +248,13 @@ CHECKPOINT_KEYWORDS = ("best", "last", "hpc", "registry")
 
 
 def require_checkpoint_file(config: Any, command: str | None) -> None:
-    """Stop a command whose ``--ckpt_path`` names no file, before any run is created.
+    """Stop a command whose ``--ckpt_path`` names no readable checkpoint, before any run.
 
-    The message is one line naming ``--ckpt_path`` and the path; the exit status is 2.
-    Lightning's keywords (``best``, ``last``, ``hpc``, ``registry...``) and URLs
-    (``s3://...``) pass, as does a command without a checkpoint.
+    The message is one line naming ``--ckpt_path`` and the path; the exit status is 2. A
+    file that ``torch.load`` could not read (empty, truncated, not a checkpoint:
+    :func:`~lightning_losses.cli_checks.checkpoint_problem`) is refused with its cause too,
+    before Lightning loads it. Lightning's keywords (``best``, ``last``, ``hpc``,
+    ``registry...``) and URLs (``s3://...``) pass, as does a command without a checkpoint.
 
     Example:
         >>> require_checkpoint_file({"ckpt_path": "last"}, "fit")
@@ -208,7 +264,16 @@ def require_checkpoint_file(config: Any, command: str | None) -> None:
     if not path or path.startswith(CHECKPOINT_KEYWORDS) or "://" in path:
         return
     if Path(path).is_file():
-        return
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return
+        print(
+            f"{PROG} {command}: error: {path} is not a readable checkpoint ({problem}): give "
+            "--ckpt_path another one (a run's checkpoints/ folder keeps last.ckpt and the best "
+            "epoch's), or fit without --ckpt_path to start afresh",
+            file=sys.stderr,
+        )
+        raise SystemExit(USAGE_ERROR)
     problem = "is a folder, not a checkpoint file" if Path(path).is_dir() else "no such file"
     print(
         f"{PROG} {command}: error: --ckpt_path {path}: {problem} (checkpoints are saved under "
@@ -248,7 +313,9 @@ class LossesCLI(TrackingCLI):
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         if not self.verbose and progress_bar_off(config, self.subcommand):
             kwargs.setdefault("enable_progress_bar", False)  # the saved config keeps its value
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        use_atomic_saves(trainer)  # a failed save leaves no partial .ckpt
+        return trainer
 
     def _results_table_off(self) -> None:
         config = self.config_init[self.subcommand]  # not the saved one: it keeps its value
@@ -262,12 +329,14 @@ class LossesCLI(TrackingCLI):
         print(results_line(command, self.trainer.callback_metrics, run_id), flush=True)
 
     def before_validate(self) -> None:
-        """Without ``--verbose``: no results table from Lightning (one line after instead)."""
+        """No results table without ``--verbose``; metrics logged at the checkpoint's step."""
         self._results_table_off()
+        log_at_checkpoint_step(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
     def before_test(self) -> None:
-        """Without ``--verbose``: no results table from Lightning (one line after instead)."""
+        """No results table without ``--verbose``; metrics logged at the checkpoint's step."""
         self._results_table_off()
+        log_at_checkpoint_step(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
     def after_validate(self) -> None:
         """Without ``--verbose``: the validation metrics in one line (not Lightning's table)."""
@@ -303,7 +372,8 @@ class LossesCLI(TrackingCLI):
         """Parse; for ``COMMAND --help`` first make the config's values the defaults shown.
 
         The config is the one ``--config`` names, else the packaged default (what the command
-        runs without ``--config``).
+        runs without ``--config``). A ``--ckpt_path`` that is not a readable checkpoint stops
+        the command here (:func:`require_checkpoint_file`), before LightningCLI loads it.
         """
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, (list, tuple)) and argv and help_requested(argv):
@@ -314,6 +384,9 @@ class LossesCLI(TrackingCLI):
                 ] + [arg.removeprefix("--config=") for arg in argv if arg.startswith("--config=")]
                 command.default_config_files = configs or [default_config_path()]
         super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:  # before LightningCLI reads the checkpoint's hyper-parameters
+            require_checkpoint_file(self.config.get(subcommand), subcommand)
 
     def instantiate_classes(self) -> None:
         """Instantiate; a class that rejects its arguments is a one-line usage error.
@@ -321,10 +394,20 @@ class LossesCLI(TrackingCLI):
         A ``ValueError`` or ``TypeError`` of a constructor (``gamma`` out of range, an unknown
         loss name, ...) ends the command with ``lightning-losses COMMAND: error: KEY:
         CLASS: MESSAGE`` and exit status 2 instead of jsonargparse's traceback, whose last
-        line names every type it tried. ``JSONARGPARSE_DEBUG=1`` keeps the traceback.
+        line names every type it tried. A SQLite store that another process holds locked (or
+        that is otherwise unusable) ends it with one line naming the store file, the cause and
+        the fix (:func:`~lightning_losses.cli_checks.store_errors_in_one_line`).
+        ``JSONARGPARSE_DEBUG=1`` keeps the traceback.
         """
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        with constructor_errors_in_one_line(config, self.subcommand):
+        stores = [
+            sqlite_file(resolve_tracking_uri(args.get("tracking_uri")))
+            for args in tracking_logger_args(config)
+        ]
+        with (
+            constructor_errors_in_one_line(config, self.subcommand),
+            store_errors_in_one_line([s for s in stores if s is not None], self.subcommand),
+        ):
             super().instantiate_classes()
 
 
@@ -378,7 +461,9 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
     With ``args`` given, the process's own command line is set aside while the CLI runs (it
     is not the CLI's). A string for ``args`` is a TypeError. ``--verbose`` anywhere in the
     arguments (or ``LIGHTNING_LOSSES_VERBOSE=1``) shows Lightning's and MLflow's output, which
-    is otherwise kept out while the CLI runs (:mod:`lightning_losses.quiet`).
+    is otherwise kept out while the CLI runs (:mod:`lightning_losses.quiet`). A fit stopped by
+    SIGTERM or SIGUSR1 writes a checkpoint, ends its run KILLED and raises ``SystemExit(143)``
+    (:mod:`lightning_losses.callbacks.preemption`).
 
     Example (in Python, e.g. a notebook or a test)::
 
@@ -397,10 +482,14 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
         "parser_kwargs": {"description": DESCRIPTION, "allow_abbrev": False},
     }
     kwargs.update(cli_kwargs)
+    # SIGTERM / SIGUSR1: a checkpoint, the run KILLED, exit status 143 (callbacks.preemption).
+    from .callbacks.preemption import preempted_exit, with_preemption
+
     if args is None:  # the command line: LightningCLI reads sys.argv itself
         sys.argv[1:], verbose = take_verbose_flag(sys.argv[1:])
+        kwargs["trainer_defaults"] = with_preemption(kwargs.get("trainer_defaults"), sys.argv[1:])
         sys.argv[1:] = _with_default_config(sys.argv[1:])
-        with command_output(verbose):
+        with command_output(verbose), preempted_exit():
             return LossesCLI(
                 ClassifierModule, L.LightningDataModule, run=run, verbose=verbose, **kwargs
             )
@@ -410,7 +499,8 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
             f"not the string {args!r}"
         )
     args, verbose = take_verbose_flag(args)
-    with _command_line_aside(), command_output(verbose):
+    kwargs["trainer_defaults"] = with_preemption(kwargs.get("trainer_defaults"), args)
+    with _command_line_aside(), command_output(verbose), preempted_exit():
         return LossesCLI(
             ClassifierModule,
             L.LightningDataModule,

@@ -8,9 +8,33 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .registry import get_loss
+
+#: Lightning precisions that keep the weights and optimizer state in half precision too (no
+#: float32 copy), with the float32 precision to suggest instead (weights in float32).
+TRUE_HALF_PRECISIONS = {"16-true": "16-mixed", "bf16-true": "bf16-mixed"}
+
+
+def non_finite_message(what: str, precision: str, step: int) -> str:
+    """The one-line stop of a training step that gave non-finite values under ``precision``.
+
+    Example:
+        >>> non_finite_message("loss", "16-true", 3)  # doctest: +ELLIPSIS
+        'non-finite loss (nan or inf) at global_step 3 under trainer.precision=16-true: ...'
+    """
+    dtype = "bfloat16" if precision.startswith("bf16") else "float16"
+    suggested = TRUE_HALF_PRECISIONS[precision]
+    other = "bf16-mixed" if suggested == "16-mixed" else "16-mixed"
+    return (
+        f"non-finite {what} (nan or inf) at global_step {step} under "
+        f"trainer.precision={precision}: the weights and the optimizer state are {dtype}, too "
+        f"coarse for the updates; use --trainer.precision={suggested} (or {other}), which "
+        f"keeps float32 weights and computes in {dtype}"
+    )
+
 
 #: What a criterion may be given as: a registry name, a ``class_path`` mapping, or the loss.
 CriterionSpec = str | Mapping[str, Any] | nn.Module | Callable[[Tensor, Tensor], Tensor]
@@ -215,7 +239,46 @@ class LossMixin:
             )
         if log and self.training and self._attached_to_trainer():
             self.log_criterion_hyperparameters()
-        return self.criterion(logits, target)
+        precision = self._true_half_precision()
+        if precision is None:
+            return self.criterion(logits, target)
+        self._stop_if_not_finite("logits", logits, precision)
+        loss = self.criterion(logits, target)
+        self._stop_if_not_finite("loss", loss, precision)
+        return loss
+
+    def _true_half_precision(self) -> str | None:
+        """The trainer's precision when training in ``16-true``/``bf16-true``, else ``None``."""
+        if not (self.training and self._attached_to_trainer()):
+            return None
+        precision = str(getattr(self.trainer, "precision", ""))
+        return precision if precision in TRUE_HALF_PRECISIONS else None
+
+    def _stop_if_not_finite(self, what: str, value: Tensor, precision: str) -> None:
+        """Raise ``FloatingPointError`` (:func:`non_finite_message`) if ``value`` is not finite."""
+        if not bool(torch.isfinite(value.detach()).all()):
+            raise FloatingPointError(non_finite_message(what, precision, self.trainer.global_step))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Under ``16-true``/``bf16-true``: stop when the step left non-finite weights.
+
+        Half-precision weights and optimizer state (no float32 copy) can turn NaN in one
+        update (Adam's ``eps=1e-8`` is 0 in float16); the fit stops with a
+        ``FloatingPointError`` that names the precision and suggests ``16-mixed`` /
+        ``bf16-mixed`` (:func:`non_finite_message`). Other precisions check nothing.
+        """
+        precision = self._true_half_precision()
+        if precision is not None:
+            named = list(self.named_parameters())  # type: ignore[attr-defined]
+            finite = [torch.isfinite(p.detach()).all() for _, p in named]
+            if finite and not bool(torch.stack(finite).all()):  # one sync for all weights
+                name = next(n for (n, _), ok in zip(named, finite, strict=True) if not ok)
+                raise FloatingPointError(
+                    non_finite_message(f"weight {name}", precision, self.trainer.global_step)
+                )
+        parent = getattr(super(), "on_train_batch_end", None)
+        if parent is not None:
+            parent(outputs, batch, batch_idx)
 
     def _attached_to_trainer(self) -> bool:
         try:

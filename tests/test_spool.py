@@ -154,6 +154,7 @@ def test_resuming_logger_marks_a_running_run_killed_and_cuts_its_spool(store, tm
 
     logger = TrackingLogger(tracking_uri=uri, save_dir="runs", run_id=run_id, resume_step=2)
     assert logger.spool_path == spool
+    logger.log_metrics({"resumed": 0.5}, step=2)  # its first metric records the resume
     run = client.get_run(run_id)
     [marker] = resume_markers(run.data.tags)
     assert (marker.step, marker.previous_status) == (2, "KILLED")

@@ -18,6 +18,9 @@ __all__ = ["DEFAULT_EXPERIMENT", "build_parser", "main", "table_width"]
 DEFAULT_EXPERIMENT = "lightning-losses"
 #: Shown in ``--help``; the same as ``query.DEFAULT_TRACKING_URI`` (a test checks).
 _DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: The values of ``--status``; the same as ``query.RUN_STATUSES`` and ``query.ANY_STATUS`` (a
+#: test checks).
+_STATUSES = ("FINISHED", "RUNNING", "KILLED", "FAILED", "SCHEDULED", "any")
 #: Width of the table when standard output is not a terminal; the same as
 #: ``table.DEFAULT_WIDTH`` (a test checks).
 _DEFAULT_WIDTH = 100
@@ -28,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
-        ``descending``, ``out``, ``diagrams``, ``runs``, ``ece`` and ``wide``, and for
+        ``descending``, ``out``, ``diagrams``, ``runs``, ``status``, ``ece`` and ``wide``, and for
         configurations over seeds ``group_by``, ``pair_by``, ``baseline``, ``margin`` and
         ``level``.
 
@@ -58,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--diagrams", type=int, default=4, help="reliability diagrams in the figure (4)"
     )
     parser.add_argument("--runs", nargs="+", metavar="ID", help="only these run ids")
+    parser.add_argument(
+        "--status",
+        nargs="+",
+        type=_status,
+        metavar="STATUS",
+        help="list the runs of these statuses: FINISHED, RUNNING, KILLED, FAILED, or any "
+        "(default: FINISHED RUNNING; --runs lists its runs whatever their status)",
+    )
     parser.add_argument(
         "--ece",
         choices=("binned", "smooth"),
@@ -108,6 +119,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _status(text: str) -> str:
+    """A ``--status`` value: a run status in any case, or ``any``.
+
+    Example:
+        >>> _status("killed"), _status("ANY")
+        ('KILLED', 'any')
+    """
+    value = "any" if text.lower() == "any" else text.upper()
+    if value not in _STATUSES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run status; choose from {', '.join(_STATUSES)}"
+        )
+    return value
+
+
+def skipped_text(skipped: dict[str, int]) -> str:
+    """The line that says how many runs a listing left out for their status ("" for none).
+
+    Example:
+        >>> skipped_text({"FAILED": 2, "KILLED": 1})
+        'skipped 3 runs for their status (1 KILLED, 2 FAILED): --status any lists every run'
+        >>> skipped_text({})
+        ''
+    """
+    total = sum(skipped.values())
+    if not total:
+        return ""
+    order = {name: index for index, name in enumerate(_STATUSES)}
+    counts = ", ".join(
+        f"{skipped[name]} {name}" for name in sorted(skipped, key=lambda n: order.get(n, 99))
+    )
+    runs = "run" if total == 1 else "runs"
+    return f"skipped {total} {runs} for their status ({counts}): --status any lists every run"
+
+
+def _no_runs_text(experiment: str, status: list[str] | None, skipped: dict[str, int]) -> str:
+    """The message of a listing without runs: which statuses, and what was skipped."""
+    if status and "any" in status:
+        wanted = ""
+    else:
+        wanted = " or ".join(s.lower() for s in status or ("finished", "running")) + " "
+    text = f"no {wanted}runs in experiment {experiment!r}"
+    more = skipped_text(skipped)
+    return f"{text}; {more}" if more else text
+
+
 #: The options that only apply with ``--group-by``.
 _GROUP_OPTIONS = ("pair_by", "baseline", "margin", "level")
 
@@ -155,10 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     from .table import format_table, sort_rows, write_csv
 
     uri = resolve_tracking_uri(args.tracking_uri)
+    skipped: dict[str, int] = {}
     try:
-        rows = collect_runs(args.experiment, tracking_uri=uri, run_ids=args.runs)
+        rows = collect_runs(
+            args.experiment,
+            tracking_uri=uri,
+            run_ids=args.runs,
+            status=args.status,
+            skipped=skipped,
+        )
         if not rows:
-            print(f"no finished or running runs in experiment {args.experiment!r}", file=sys.stderr)
+            print(_no_runs_text(args.experiment, args.status, skipped), file=sys.stderr)
             return 1
         sort_by = args.sort_by or ("val/smooth_ece" if args.ece == "smooth" else "val/ece")
         rows = sort_rows(rows, sort_by, args.descending)
@@ -173,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lightning-losses compare: error: {error}", file=sys.stderr)
         return 2
     print(table)
+    if skipped:
+        print(f"\n{skipped_text(skipped)}")
     print(f"\nwrote {csv_path}\nwrote {png_path}")
     return 0
 
@@ -195,9 +261,16 @@ def _compare_groups(args: argparse.Namespace) -> int:
         level = parse_level(args.level)
         margins = parse_margins(args.margin or [])
         uri = resolve_tracking_uri(args.tracking_uri)
-        records = collect_records(args.experiment, tracking_uri=uri, run_ids=args.runs)
+        skipped: dict[str, int] = {}
+        records = collect_records(
+            args.experiment,
+            tracking_uri=uri,
+            run_ids=args.runs,
+            status=args.status,
+            skipped=skipped,
+        )
         if not records:
-            print(f"no finished or running runs in experiment {args.experiment!r}", file=sys.stderr)
+            print(_no_runs_text(args.experiment, args.status, skipped), file=sys.stderr)
             return 1
         result = compare_groups(
             records,
@@ -213,6 +286,8 @@ def _compare_groups(args: argparse.Namespace) -> int:
         print(f"lightning-losses compare: error: {error}", file=sys.stderr)
         return 2
     print(text)
+    if skipped:
+        print(f"\n{skipped_text(skipped)}")
     print(f"\nwrote {csv_path}")
     return 0
 

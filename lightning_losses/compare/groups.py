@@ -169,9 +169,16 @@ class RunRecord:
 
 
 def collect_records(
-    experiment: str, *, tracking_uri: str | None = None, run_ids: list[str] | None = None
+    experiment: str,
+    *,
+    tracking_uri: str | None = None,
+    run_ids: list[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    skipped: dict[str, int] | None = None,
 ) -> list[RunRecord]:
     """A :class:`RunRecord` per finished or running run (or per run of ``run_ids``).
+
+    ``status`` and ``skipped`` are those of :func:`~lightning_losses.compare.query.collect_runs`.
 
     Final metrics are read as :func:`~lightning_losses.compare.query.collect_runs` reads them
     (a resumed run shows what its resumed fit logged last).
@@ -181,20 +188,22 @@ def collect_records(
     """
     from ..tracking import final_metrics
     from .query import (
-        LISTED_STATUSES,
         _experiment_id,
         _find_runs,
-        _search,
         mlflow_client,
         resolve_tracking_uri,
+        run_statuses,
+        select_runs,
     )
+
+    run_statuses(status)  # an unknown status fails before the store is opened
 
     client = mlflow_client(resolve_tracking_uri(tracking_uri))
     experiment_id = _experiment_id(client, experiment)
     if run_ids:
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
-        runs = [r for r in _search(client, experiment_id) if r.info.status in LISTED_STATUSES]
+        runs = select_runs(client, experiment_id, status, skipped)
     return [RunRecord.from_run(run, final_metrics(client, run)) for run in runs]
 
 

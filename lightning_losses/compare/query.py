@@ -2,8 +2,9 @@
 
 Each run logged by the package's MLflow logger carries the tags ``loss``, ``dataset`` and
 ``config``, the resolved config flattened into dotted params and metric histories
-(``val/acc``, ``val/ece``, ...). :func:`collect_runs` turns every finished or running run into
-one flat row (:func:`run_row`): its loss, its key hyper-parameters
+(``val/acc``, ``val/ece``, ...). :func:`collect_runs` turns every finished or running run (or
+every run of the statuses asked for, :func:`select_runs`) into one flat row (:func:`run_row`):
+its loss, its key hyper-parameters
 (:func:`~lightning_losses.compare.describe.hparams_text`), its dataset, the final value of each
 of :data:`METRICS` (read from the run's one-value-per-step history, so that a resumed run shows
 what its resumed fit logged), the number of epochs, the start time and the fit's wall time.
@@ -42,11 +43,14 @@ __all__ = [
     "LISTED_STATUSES",
     "METRICS",
     "OPTIONAL_METRICS",
+    "RUN_STATUSES",
     "collect_runs",
     "fit_seconds",
     "mlflow_client",
     "resolve_tracking_uri",
     "run_row",
+    "run_statuses",
+    "select_runs",
 ]
 
 #: Tracking URI used when neither the argument nor ``MLFLOW_TRACKING_URI`` gives one.
@@ -86,8 +90,11 @@ COLUMNS: tuple[str, ...] = (
 #: their metrics under :data:`FIT_PREFIX` (logged by training steps and epochs only).
 FIT_METRICS: tuple[str, ...] = ("time/epoch_seconds",)
 FIT_PREFIX = "train/"
-#: Run statuses listed when no run ids are given.
+#: Run statuses listed when no run ids and no statuses are given.
 LISTED_STATUSES = ("FINISHED", "RUNNING")
+#: The statuses a listing can ask for (MLflow's), and ``any`` for every run.
+RUN_STATUSES = ("FINISHED", "RUNNING", "KILLED", "FAILED", "SCHEDULED")
+ANY_STATUS = "any"
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -177,6 +184,61 @@ def _search(client: MlflowClient, experiment_id: str, filter_string: str = "") -
         token = page.token
         if not token:
             return runs
+
+
+def run_statuses(status: str | Sequence[str] | None = None) -> frozenset[str] | None:
+    """The run statuses a listing keeps; ``None``: every run.
+
+    Args:
+        status: a status (``FINISHED``, ``RUNNING``, ``KILLED``, ``FAILED``, ``SCHEDULED``, in any
+            case), several, or ``any``; ``None``: :data:`LISTED_STATUSES`.
+
+    Raises:
+        ValueError: an unknown status; the message lists the known ones.
+
+    Example:
+        >>> sorted(run_statuses())
+        ['FINISHED', 'RUNNING']
+        >>> sorted(run_statuses(["killed", "FAILED"])), run_statuses("any")
+        (['FAILED', 'KILLED'], None)
+    """
+    if status is None:
+        return frozenset(LISTED_STATUSES)
+    names = [status] if isinstance(status, str) else list(status)
+    if any(name.lower() == ANY_STATUS for name in names):
+        return None
+    unknown = [name for name in names if name.upper() not in RUN_STATUSES]
+    if unknown or not names:
+        known = ", ".join((*RUN_STATUSES, ANY_STATUS))
+        raise ValueError(f"--status {' '.join(unknown)}: not a run status; choose from {known}")
+    return frozenset(name.upper() for name in names)
+
+
+def select_runs(
+    client: MlflowClient,
+    experiment_id: str,
+    status: str | Sequence[str] | None = None,
+    skipped: dict[str, int] | None = None,
+) -> list[Run]:
+    """The runs of an experiment whose status is among ``status``, oldest first.
+
+    Args:
+        client: the store's client.
+        experiment_id: the experiment.
+        status: as for :func:`run_statuses` (default: finished and running runs).
+        skipped: if given, filled with the number of runs left out, by status.
+
+    Raises:
+        ValueError: an unknown status.
+    """
+    keep = run_statuses(status)
+    runs = []
+    for run in _search(client, experiment_id):
+        if keep is None or run.info.status in keep:
+            runs.append(run)
+        elif skipped is not None:
+            skipped[run.info.status] = skipped.get(run.info.status, 0) + 1
+    return runs
 
 
 def _find_runs(
@@ -340,8 +402,10 @@ def collect_runs(
     *,
     tracking_uri: str | None = None,
     run_ids: list[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    skipped: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per finished or running run of an MLflow experiment.
+    """One row per finished or running run (or per run of ``status``) of an MLflow experiment.
 
     Final metrics are read from each run's one-value-per-step history
     (:func:`lightning_losses.tracking.final_metrics`): a run resumed from an earlier
@@ -355,21 +419,27 @@ def collect_runs(
         tracking_uri: where the runs are; ``None``: ``MLFLOW_TRACKING_URI`` or
             ``sqlite:///mlflow.db`` in the working directory.
         run_ids: only these runs, in this order and whatever their status (default: every
-            finished or running run, oldest first).
+            run of ``status``, oldest first).
+        status: the statuses listed without ``run_ids`` (:func:`run_statuses`: ``FINISHED``,
+            ``RUNNING``, ``KILLED``, ``FAILED``, several, or ``any``); default finished and
+            running runs.
+        skipped: if given, filled with the number of runs left out for their status, by
+            status (e.g. ``{"FAILED": 2}``).
 
     Returns:
         Rows with the keys :data:`COLUMNS` (see :func:`run_row`); missing values are ``None``.
 
     Raises:
         ValueError: the experiment does not exist (the message lists those that do), a run id
-            is not in it, or the SQLite store does not exist.
+            is not in it, a status is unknown, or the SQLite store does not exist.
     """
+    run_statuses(status)  # an unknown status fails before the store is opened
     client = mlflow_client(resolve_tracking_uri(tracking_uri))
     experiment_id = _experiment_id(client, experiment)
     if run_ids:
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
-        runs = [r for r in _search(client, experiment_id) if r.info.status in LISTED_STATUSES]
+        runs = select_runs(client, experiment_id, status, skipped)
     from ..tracking import final_metrics
 
     return [

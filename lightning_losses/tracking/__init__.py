@@ -24,18 +24,22 @@
   run id and tracking URI into every checkpoint so that ``fit --ckpt_path`` continues the
   same run in the same store.
 
-Only rank 0 talks to MLflow (Lightning's ``rank_zero_only``): one run per fit under DDP.
+Only rank 0 talks to MLflow (Lightning's ``rank_zero_only``): one run per fit under DDP. Before
+the Trainer exists, only global rank 0 (as the launcher's variables say: :func:`global_rank_zero`)
+builds an MLflow client, so no other process or node creates or opens the store.
 
 
 Modules: ``constants`` (names), ``uri`` (resolution, reachability, printable forms), ``store``
 (the SQLite file and its lock), ``params`` (flattened configs), ``history`` (resume markers,
 histories), ``process`` (host/pid tags), ``spool`` (the spool file), ``logger``
 (:class:`TrackingLogger`), ``config`` (:class:`TrackingConfigCallback`, checkpoint keys),
-``summary`` (what a fit prints), ``replay`` (``sync-tracking``).
+``summary`` (what a fit prints), ``replay`` (``sync-tracking``), ``async_log`` (the background
+sender that takes metrics off the training path).
 """
 
 from __future__ import annotations
 
+from lightning_losses.tracking.async_log import BackgroundSender
 from lightning_losses.tracking.config import (
     TrackingConfigCallback,
     checkpoint_tracking,
@@ -66,7 +70,15 @@ from lightning_losses.tracking.params import flatten
 from lightning_losses.tracking.process import process_is_gone, process_tags
 from lightning_losses.tracking.replay import SpoolReplayError, sync_main, sync_paths, sync_tracking
 from lightning_losses.tracking.spool import SpoolLine, append_spool_record, read_spool
-from lightning_losses.tracking.store import now_ms, sqlite_file, store_lock
+from lightning_losses.tracking.store import (
+    NOT_RANK_ZERO_URI,
+    RANK_VARIABLES,
+    client_uri,
+    global_rank_zero,
+    now_ms,
+    sqlite_file,
+    store_lock,
+)
 from lightning_losses.tracking.summary import (
     SUMMARY_METRICS,
     describe_fit,
@@ -75,11 +87,20 @@ from lightning_losses.tracking.summary import (
     last_diagram,
 )
 from lightning_losses.tracking.uri import (
+    REDACTED,
     check_reachable,
+    check_store,
     fail_fast_http,
+    has_redactions,
+    is_secret_parameter,
+    keep_secrets_off_stdout,
+    redact_text,
+    redact_uri,
     resolve_tracking_uri,
+    same_store,
     view_command,
     without_password,
+    without_redacted,
 )
 
 __all__ = [
@@ -88,12 +109,16 @@ __all__ = [
     "DEFAULT_SAVE_DIR",
     "DEFAULT_TRACKING_URI",
     "HOST_TAG",
+    "NOT_RANK_ZERO_URI",
     "PID_TAG",
+    "RANK_VARIABLES",
+    "REDACTED",
     "RESUME_TAG",
     "SPOOL_KINDS",
     "SPOOL_NAME",
     "SUMMARY_METRICS",
     "SYNCED_SUFFIX",
+    "BackgroundSender",
     "Resume",
     "SpoolLine",
     "SpoolReplayError",
@@ -101,7 +126,9 @@ __all__ = [
     "TrackingLogger",
     "append_spool_record",
     "check_reachable",
+    "check_store",
     "checkpoint_tracking",
+    "client_uri",
     "cut_history",
     "describe_fit",
     "describe_run",
@@ -109,16 +136,23 @@ __all__ = [
     "final_metrics",
     "final_values",
     "flatten",
+    "global_rank_zero",
+    "has_redactions",
+    "is_secret_parameter",
+    "keep_secrets_off_stdout",
     "last_diagram",
     "metric_history",
     "now_ms",
     "process_is_gone",
     "process_tags",
     "read_spool",
+    "redact_text",
+    "redact_uri",
     "resolve_tracking_uri",
     "resume_markers",
     "run_folder_root",
     "run_id_from_checkpoint",
+    "same_store",
     "sqlite_file",
     "store_lock",
     "sync_main",
@@ -126,4 +160,5 @@ __all__ = [
     "sync_tracking",
     "view_command",
     "without_password",
+    "without_redacted",
 ]

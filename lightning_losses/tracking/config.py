@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 from lightning_losses.tracking.constants import CHECKPOINT_KEY
 from lightning_losses.tracking.params import flatten
 from lightning_losses.tracking.summary import describe_fit, describe_run, last_diagram
+from lightning_losses.tracking.uri import redact_uri
 
 
 class TrackingConfigCallback(SaveConfigCallback):
@@ -30,6 +32,11 @@ class TrackingConfigCallback(SaveConfigCallback):
     class) and ``config`` (the config file's name). With other loggers only, the config file
     goes to the log directory, as LightningCLI's own callback does. Every checkpoint records
     the MLflow run id, experiment id and tracking URI under ``checkpoint["tracking"]``.
+
+    No secret is written: every string of the config that holds ``://`` (the tracking URI
+    above all) is redacted (:func:`~lightning_losses.tracking.uri.redact_uri`: ``user:***@``,
+    ``token=***``) in ``config.yaml``, its artifact and the params, and so is the checkpoint's
+    tracking URI; a resume takes the credentials again from the user's URI or environment.
 
     On rank 0 it prints one line when a fit starts (:func:`describe_fit`: the criterion and
     the ``describe()`` of each callback that changes it) and a few when it ends
@@ -53,8 +60,9 @@ class TrackingConfigCallback(SaveConfigCallback):
         loggers = [logger for logger in trainer.loggers if hasattr(logger, "log_file")]
         if not loggers:
             return
-        config = self.parser.dump(self.config, skip_none=False, format="yaml")
-        as_dict = self.parser.dump(self.config, skip_none=False, format="json")
+        redacted = _redacted(self.config.clone())  # no password or token in any copy
+        config = self.parser.dump(redacted, skip_none=False, format="yaml")
+        as_dict = self.parser.dump(redacted, skip_none=False, format="json")
         flat = flatten(json.loads(as_dict), drop_none=True)
         flat.pop("config", None)
         model_prefix = "model.init_args." if "model.class_path" in flat else "model."
@@ -95,8 +103,29 @@ class TrackingConfigCallback(SaveConfigCallback):
                 checkpoint[CHECKPOINT_KEY] = {
                     "run_id": str(logger._run_id),
                     "experiment_id": str(logger._experiment_id),
-                    "tracking_uri": str(logger._tracking_uri),
+                    "tracking_uri": redact_uri(str(logger._tracking_uri)),
                 }
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with every string in it that holds ``://`` redacted (:func:`redact_uri`).
+
+    Namespaces (changed in place), dicts, lists and tuples are walked; other values are kept.
+
+    Example:
+        >>> _redacted({"uri": ["http://u:pw@h:5000", 1], "name": "a:b@c"})
+        {'uri': ['http://u:***@h:5000', 1], 'name': 'a:b@c'}
+    """
+    if isinstance(value, str):
+        return redact_uri(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redacted(item) for item in value)
+    if isinstance(value, Namespace):
+        for key, item in vars(value).items():
+            setattr(value, key, _redacted(item))
+    return value
 
 
 def checkpoint_tracking(path: str | Path) -> dict[str, Any]:
@@ -104,7 +133,8 @@ def checkpoint_tracking(path: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"run_id", "experiment_id", "tracking_uri", "global_step"}`` for a checkpoint saved
-        with :class:`TrackingConfigCallback`; ``{}`` for one saved without a run.
+        with :class:`TrackingConfigCallback` (the URI redacted, ``user:***@host``, unless the
+        checkpoint predates redaction); ``{}`` for one saved without a run.
     """
     import torch
 

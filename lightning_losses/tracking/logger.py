@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+from lightning_losses.tracking.async_log import BackgroundSender
 from lightning_losses.tracking.constants import (
     DEFAULT_EXPERIMENT,
     DEFAULT_SAVE_DIR,
@@ -34,8 +36,15 @@ from lightning_losses.tracking.spool import (
     append_spool_record,
     read_spool,
 )
-from lightning_losses.tracking.store import now_ms, store_lock
-from lightning_losses.tracking.uri import check_reachable, fail_fast_http, resolve_tracking_uri
+from lightning_losses.tracking.store import NOT_RANK_ZERO_URI, client_uri, now_ms, store_lock
+from lightning_losses.tracking.uri import (
+    check_reachable,
+    fail_fast_http,
+    keep_secrets_off_stdout,
+    redact_text,
+    redact_uri,
+    resolve_tracking_uri,
+)
 
 
 @contextmanager
@@ -49,6 +58,46 @@ def _environment_kept(name: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def _experiment_id_for(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """The id of the active experiment ``name``, created if missing.
+
+    Fits started at once against a server can all find the experiment missing: the server
+    creates it for the first and refuses the others with ``RESOURCE_ALREADY_EXISTS``; they
+    take the experiment the first created. (A deleted experiment of that name is an error, as
+    in MLflow.)
+    """
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage != "deleted":
+        return found.experiment_id
+    try:
+        return client.create_experiment(name=name, artifact_location=artifact_location)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        found = client.get_experiment_by_name(name)
+        if found is None or found.lifecycle_stage == "deleted":
+            raise
+        return found.experiment_id
+
+
+#: Characters Lightning's ``MLFlowLogger`` keeps in a metric name (it drops the others).
+_METRIC_NAME_DROPPED = re.compile(r"[^a-zA-Z0-9_/. -]+")
+
+
+def _metric_key(key: str) -> str:
+    """``key`` as Lightning's ``MLFlowLogger`` logs it: other characters dropped, with a warning."""
+    cleaned = _METRIC_NAME_DROPPED.sub("", key)
+    if cleaned != key:
+        rank_zero_warn(
+            "MLFlow only allows '_', '/', '.' and ' ' special characters in metric name."
+            f" Replacing {key} with {cleaned}.",
+            category=RuntimeWarning,
+        )
+    return cleaned
 
 
 # --- the logger -------------------------------------------------------------------------------
@@ -103,28 +152,42 @@ class TrackingLogger(MLFlowLogger):
     ) -> None:
         uri = resolve_tracking_uri(tracking_uri)
         fail_fast_http()
+        keep_secrets_off_stdout(uri)
         check_reachable(uri, connect_timeout)
         # With a local store, artifacts of new experiments go beside the run folders (MLflow
         # would otherwise pick ./mlruns); a server decides for itself.
         local_store = not uri.startswith(("http://", "https://"))
         artifacts = (Path(save_dir) / "artifacts").resolve().as_uri() if local_store else None
-        with store_lock(uri):  # a new SQLite store's tables are created here
+        # Only global rank 0 builds a client of the store: elsewhere (other processes, other
+        # nodes) a sqlite:/// client would create an empty mlflow.db (tracking.store).
+        with store_lock(client_uri(uri)):  # a new SQLite store's tables are created here
             super().__init__(
                 experiment_name=experiment_name,
                 run_name=run_name,
-                tracking_uri=uri,
+                tracking_uri=client_uri(uri),
                 tags=tags,
                 save_dir=save_dir,
                 log_model=False,
                 run_id=run_id,
                 artifact_location=artifacts,
             )
+        self._tracking_uri = uri
         # Absolute, so that checkpoints record one folder whatever the working directory of a
         # later resume (ModelCheckpoint reloads its state only when its dirpath is unchanged).
         self._local_dir = os.path.abspath(save_dir)
         self._log_best_checkpoint = log_model
         self._resume_step = resume_step
+        #: A resume read but not yet recorded: (marker index, previous status); see _start_run.
+        self._pending_resume: tuple[int, str] | None = None
+        self._ended_killed = False
         self._spooled_steps: set[tuple[str, int]] = set()
+        #: Metrics are sent by a background thread (:meth:`log_metrics`); the values queued
+        #: at the latest step, so that a repeat of one (Lightning's ``epoch``) is sent once.
+        self._metric_sender = BackgroundSender(
+            self._send_metrics, self._spool_metrics, name="lightning-losses-metrics"
+        )
+        self._queued_step: int | None = None
+        self._queued_values: dict[str, float] = {}
         self.spooled = 0
         #: Where :meth:`log_hyperparams` puts the module's hyper-parameters: ``None`` (plain
         #: use) logs them under their own dotted names; the CLI's config callback, which logs
@@ -148,41 +211,45 @@ class TrackingLogger(MLFlowLogger):
             return self._mlflow_client
         continuing = self._run_id is not None
         # Under the store's lock: two fits starting at once would both create the experiment.
+        # A server has no such lock: the experiment another fit created meanwhile is taken.
         with _environment_kept("MLFLOW_TRACKING_URI"), store_lock(self._tracking_uri):
+            if self._mlflow_client.tracking_uri == NOT_RANK_ZERO_URI:  # built off rank 0
+                from mlflow.tracking import MlflowClient
+
+                self._mlflow_client = MlflowClient(self._tracking_uri)
+            if not continuing and self._experiment_id is None:
+                self._experiment_id = _experiment_id_for(
+                    self._mlflow_client, self._experiment_name, self._artifact_location
+                )
             client = super().experiment
         self._start_run(continuing)
         return client
 
     def _start_run(self, continuing: bool) -> None:
-        """Tag a new or resumed run with this process; record the resume of a resumed one.
+        """Tag a new run with this process; read (not yet record) the resume of a resumed one.
 
         A run continued without ``resume_step`` (``validate``/``test`` on a checkpoint) keeps
-        its tags.
+        its tags. A resumed run is left as it is until the resumed fit logs its first metric,
+        saves a checkpoint or ends (:meth:`_record_resume`): a resume that fails before that
+        (a checkpoint of another model, a missing file on this node) leaves the run's status,
+        tags and spool as they were, so a FINISHED run stays FINISHED.
         """
         if continuing and self._resume_step is None:
             return
-        tags = process_tags()
         if continuing:
-            tags.update(self._record_resume())
-        self.set_tags(tags)
+            self._pending_resume = self._read_resume()
+            return
+        self.set_tags(process_tags())
 
-    def _record_resume(self) -> dict[str, str]:
-        """Record that this fit resumes the run: a marker tag, status ``RUNNING``, a cut spool.
+    def _read_resume(self) -> tuple[int, str]:
+        """The index of the run's next resume marker and the status its previous attempt ended.
 
-        The marker ``resume.<k>`` (``k``: one more than the run's last) is
-        ``Resume(step=resume_step, time_ms=now, previous_status=...)``. A run found
-        ``RUNNING`` lost its process without ending (SIGKILL, a crash, a lost node): the
-        marker says ``previous_status="KILLED"`` (a warning tells when the recorded process
-        still runs on this host: two fits would then write one run). The run is set
-        ``RUNNING`` for the resumed fit, which ends it ``FINISHED`` or ``FAILED`` as usual.
-        The spool of the run loses what the marker supersedes, so that it never holds two
-        values for one (metric, step).
-
-        Returns:
-            The marker's tag, to be set with the process tags.
+        A run found ``RUNNING`` lost its process without ending (SIGKILL, a crash, a lost node):
+        its previous status is ``KILLED`` (a warning tells when the recorded process still runs
+        on this host: two fits would then write one run).
         """
-        client, run_id = self._mlflow_client, str(self._run_id)
-        run = client.get_run(run_id)
+        run_id = str(self._run_id)
+        run = self._mlflow_client.get_run(run_id)
         previous = run.info.status
         if previous == "RUNNING":
             pid = _recorded_pid(run.data.tags)
@@ -192,11 +259,29 @@ class TrackingLogger(MLFlowLogger):
                     "this host: two fits would log into one run. Stop it before resuming."
                 )
             previous = "KILLED"
+        return max(_marker_tags(run.data.tags), default=0) + 1, previous
+
+    def _record_resume(self) -> None:
+        """Record that this fit resumes the run: a marker tag, status ``RUNNING``, a cut spool.
+
+        Called once, at the resumed fit's first metric, checkpoint or end (not at a failure
+        before them). The marker ``resume.<k>`` (``k``: one more than the run's last) is
+        ``Resume(step=resume_step, time_ms=now, previous_status=...)`` (:meth:`_read_resume`),
+        set with this process's tags. The run is set ``RUNNING`` for the resumed fit, which
+        ends it ``FINISHED``, ``FAILED`` or ``KILLED``. The spool of the run loses what the
+        marker supersedes, so that it never holds two values for one (metric, step).
+        """
+        pending, self._pending_resume = self._pending_resume, None
+        if pending is None:
+            return
+        index, previous = pending
         marker = Resume(int(self._resume_step or 0), now_ms(), previous)
-        client.update_run(run_id, status="RUNNING")
+        try:
+            self._mlflow_client.update_run(str(self._run_id), status="RUNNING")
+        except Exception:  # the store is away: the run's end is spooled as usual
+            pass
         self._drop_superseded_spool(marker)
-        index = max(_marker_tags(run.data.tags), default=0) + 1
-        return {f"{RESUME_TAG}{index}": marker.to_tag()}
+        self.set_tags({**process_tags(), f"{RESUME_TAG}{index}": marker.to_tag()})
 
     def _drop_superseded_spool(self, marker: Resume) -> None:
         """Remove from the run's spool the metrics and run end that ``marker`` supersedes."""
@@ -235,12 +320,14 @@ class TrackingLogger(MLFlowLogger):
         """Append a record (with run id, tracking URI and time) to the spool; warn once."""
         path = self.spool_path
         record = {"timestamp": now_ms(), **record}
-        record.update(run_id=self._run_id, tracking_uri=self._tracking_uri)
+        # Redacted: the spool never holds a password (sync-tracking takes it from the user).
+        record.update(run_id=self._run_id, tracking_uri=redact_uri(self._tracking_uri))
         append_spool_record(path, record)
         if self.spooled == 0:
             rank_zero_warn(
-                f"MLflow tracking at {self._tracking_uri} failed ({type(error).__name__}: "
-                f"{error}). Training goes on; what cannot be sent is kept in {path}. Replay it "
+                f"MLflow tracking at {redact_uri(self._tracking_uri)} failed "
+                f"({type(error).__name__}: {redact_text(str(error), self._tracking_uri)}). "
+                f"Training goes on; what cannot be sent is kept in {path}. Replay it "
                 f"with `lightning-losses sync-tracking {path}` once the server is back."
             )
         self.spooled += 1
@@ -249,19 +336,69 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """Log metrics at ``step``; spool them if the store fails (each (key, step) once)."""
+        """Queue metrics at ``step``; a background thread sends them (MLflow's ``log_batch``).
+
+        The training loop never waits for the store: the values (with the time of this call)
+        go to a queue whose worker sends everything queued in one ``log_batch`` (at most
+        1,000 values), in order. What the store refuses is spooled (each (key, step) once).
+        The queue is emptied at each checkpoint save, at :meth:`finalize` and at exit
+        (:meth:`flush_metrics`). A value equal to one already queued for the same key at the
+        same step (Lightning repeats ``epoch`` at the end of an epoch) is not sent again.
+        """
+        from mlflow.entities import Metric
+
+        self._record_resume()  # a resumed fit's first metric: the resume is under way
+        step = int(step or 0)
+        if step != self._queued_step:
+            self._queued_step, self._queued_values = step, {}
+        timestamp = now_ms()
+        batch = []
+        for key, value in metrics.items():
+            if isinstance(value, str):
+                rank_zero_warn(f"MLflow takes numbers only: metric {key}={value!r} is not logged.")
+                continue
+            key, value = _metric_key(key), float(value)
+            if self._queued_values.get(key) == value:
+                continue
+            self._queued_values[key] = value
+            batch.append(Metric(key=key, value=value, timestamp=timestamp, step=step))
+        if not batch:
+            return
         try:
-            super().log_metrics(metrics, step)
+            _ = self.run_id  # the run exists before its first metric is queued
         except Exception as error:
-            step = step or 0
-            values = {
-                key: float(value)
-                for key, value in metrics.items()
-                if not isinstance(value, str) and (key, step) not in self._spooled_steps
-            }
-            if values:
-                self._spooled_steps.update((key, step) for key in values)
-                self._spool({"kind": "metrics", "metrics": values, "step": step}, error)
+            self._spool_metrics(batch, error)
+            return
+        self._metric_sender.submit(batch)
+
+    def flush_metrics(self, timeout: float | None = None) -> bool:
+        """Wait until every metric logged so far is in the store or the spool.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Returns:
+            Whether nothing is left queued.
+        """
+        return self._metric_sender.flush(timeout)
+
+    def _send_metrics(self, batch: list[Any]) -> None:
+        """Send one batch of ``mlflow.entities.Metric`` (the worker thread's call)."""
+        self._mlflow_client.log_batch(str(self._run_id), metrics=batch)
+
+    def _spool_metrics(self, batch: list[Any], error: BaseException) -> None:
+        """Spool a batch the store refused: one record per logging call, each (key, step) once.
+
+        Each record keeps the time of its :meth:`log_metrics` call.
+        """
+        calls: dict[tuple[int, int], dict[str, float]] = {}
+        for metric in batch:
+            if (metric.key, metric.step) not in self._spooled_steps:
+                self._spooled_steps.add((metric.key, metric.step))
+                calls.setdefault((metric.step, metric.timestamp), {})[metric.key] = metric.value
+        for (step, timestamp), values in calls.items():
+            record = {"kind": "metrics", "metrics": values, "step": step}
+            self._spool({**record, "timestamp": timestamp}, error)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
@@ -279,13 +416,14 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_params(self, params: Mapping[str, str]) -> None:
-        """Log already-flat params (values cut to MLflow's 6,000 characters)."""
+        """Log already-flat params (values cut to MLflow's 6,000 characters, secrets redacted)."""
         from mlflow.entities import Param
 
+        params = {k: redact_text(str(v), self._tracking_uri) for k, v in params.items()}
         try:
             # A resumed run keeps the params it has (MLflow refuses to change a param's value).
             existing = self.experiment.get_run(self.run_id).data.params
-            items = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
+            items = [Param(k, v[:6000]) for k, v in params.items() if k not in existing]
             for start in range(0, len(items), 100):
                 self.experiment.log_batch(self.run_id, params=items[start : start + 100])
         except Exception as error:
@@ -293,9 +431,10 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def set_tags(self, tags: Mapping[str, str]) -> None:
+        tags = {k: redact_text(str(v), self._tracking_uri) for k, v in tags.items()}
         try:
             for key, value in tags.items():
-                self.experiment.set_tag(self.run_id, key, str(value))
+                self.experiment.set_tag(self.run_id, key, value)
         except Exception as error:
             self._spool({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}}, error)
 
@@ -378,6 +517,8 @@ class TrackingLogger(MLFlowLogger):
         # Lightning calls this after every save; keep the first callback that tracks a best
         # model (one with a monitor: the config's first, ``trainer.checkpoint_callback``), not
         # LastCheckpoint nor a monitor-less or later one a user added.
+        self._record_resume()
+        self._metric_sender.flush()  # a checkpoint's metrics are in the store (or spool) first
         kept = self._checkpoint_callback
         if kept is None or (
             getattr(checkpoint_callback, "monitor", None) and not getattr(kept, "monitor", None)
@@ -386,21 +527,46 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        if not self._initialized:
+        """End the run: ``success``/``finished``: FINISHED, ``killed``: KILLED, else FAILED.
+
+        ``killed`` (:class:`~lightning_losses.callbacks.preemption.Preemption`, at SIGTERM) is
+        final: Lightning's ``failed`` that follows it leaves the run KILLED. A resumed fit that
+        fails before recording its resume (:meth:`_start_run`) leaves the run as it was, with a
+        warning naming its status.
+        """
+        if not self._initialized or self._ended_killed:
             return
+        if status == "failed" and self._pending_resume is not None:
+            self._pending_resume = None
+            try:
+                kept = (
+                    f"keeps its status {self._mlflow_client.get_run(str(self._run_id)).info.status}"
+                )
+            except Exception:  # the store is away: nothing was changed there either
+                kept = "is left as it was"
+            rank_zero_warn(
+                f"The resume of MLflow run {self._run_id} failed before its first step; the run "
+                f"{kept}."
+            )
+            return
+        self._record_resume()
+        self._metric_sender.close()  # every metric is in the store or the spool before the end
         callback = self._checkpoint_callback
         best = getattr(callback, "best_model_path", "") if callback is not None else ""
         if self._log_best_checkpoint and best and Path(best).exists():
             self.log_file(best, artifact_path="checkpoints", link=True)
-        mlflow_status = "FINISHED" if status in ("success", "finished") else "FAILED"
+        mlflow_status = {"success": "FINISHED", "finished": "FINISHED", "killed": "KILLED"}.get(
+            status, "FAILED"
+        )
+        self._ended_killed = mlflow_status == "KILLED"
         try:
             self.experiment.set_terminated(self.run_id, mlflow_status)
         except Exception as error:
             self._spool({"kind": "terminate", "status": mlflow_status}, error)
         if self.spooled:
             rank_zero_warn(
-                f"{self.spooled} tracking calls could not reach {self._tracking_uri}; they are "
-                f"in {self.spool_path}: `lightning-losses sync-tracking {self.spool_path}`"
+                f"{self.spooled} tracking calls could not reach {redact_uri(self._tracking_uri)}; "
+                f"they are in {self.spool_path}: `lightning-losses sync-tracking {self.spool_path}`"
             )
 
 

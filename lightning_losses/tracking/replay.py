@@ -13,8 +13,6 @@ import sqlite3
 import stat
 import sys
 import tempfile
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -28,11 +26,15 @@ from lightning_losses.tracking.constants import SPOOL_NAME, SYNCED_SUFFIX
 from lightning_losses.tracking.history import Resume, _marker_tags
 from lightning_losses.tracking.process import process_is_gone
 from lightning_losses.tracking.spool import _locked, copy_bytes, iter_spool
-from lightning_losses.tracking.uri import fail_fast_http, resolve_tracking_uri
+from lightning_losses.tracking.uri import (
+    SQLITE_PREFIX,
+    fail_fast_http,
+    resolve_tracking_uri,
+    store_key,
+)
 
 # --- which store, which run, which files ----------------------------------------------------
 
-_SQLITE = "sqlite:///"
 #: Tables every MLflow SQLite store has (a SQLite file without them is not a store).
 _MLFLOW_TABLES = {"experiments", "runs", "metrics", "alembic_version"}
 
@@ -64,45 +66,13 @@ def _one_line(text: str, most: int = 300) -> str:
     return flat if len(flat) <= most else flat[: most - 3] + "..."
 
 
-def store_key(uri: str) -> str:
-    """What identifies a store: its resolved URI without user info, query, fragment or end ``/``.
-
-    URIs of one store have one key: ``sqlite:///mlflow.db`` and its absolute path (symbolic
-    links and ``..`` resolved), a server with and without ``user:password@`` or ``?token=``.
-    The key holds no secret, so it can be printed.
-
-    Example:
-        >>> store_key("http://alice:pw@Example.org:5000/?token=x")
-        'http://example.org:5000'
-        >>> store_key("sqlite:////tmp/../tmp/mlflow.db")
-        'sqlite:////tmp/mlflow.db'
-    """
-    try:
-        uri = resolve_tracking_uri(uri)
-        if uri.startswith(_SQLITE):
-            path = uri[len(_SQLITE) :].split("?", 1)[0]
-            return _SQLITE + (path if path in ("", ":memory:") else os.path.realpath(path))
-        parts = urllib.parse.urlsplit(uri)
-        if len(parts.scheme) <= 1:  # a plain path (or a drive letter): a local file store
-            return "file://" + os.path.realpath(uri)
-        if parts.scheme.lower() == "file":
-            return "file://" + os.path.realpath(urllib.request.url2pathname(parts.path))
-        host = parts.hostname or ""
-        netloc = f"[{host}]" if ":" in host else host
-        if parts.port is not None:
-            netloc += f":{parts.port}"
-    except ValueError:  # a NUL byte, a port that is not a number
-        return f"(not a tracking URI: {uri[:80]!r})"
-    return urllib.parse.urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), "", ""))
-
-
 def _is_mlflow_sqlite(key: str) -> bool:
     """Whether the store key ``sqlite:///<path>`` names an existing MLflow SQLite store.
 
     The file is opened read-only: nothing is created or changed.
     """
-    path = Path(key[len(_SQLITE) :])
-    if not key.startswith(_SQLITE) or not path.is_absolute() or not path.is_file():
+    path = Path(key[len(SQLITE_PREFIX) :])
+    if not key.startswith(SQLITE_PREFIX) or not path.is_absolute() or not path.is_file():
         return False
     try:
         with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
@@ -200,11 +170,11 @@ def _target(path: Path, survey: _Survey, tracking_uri: str | None) -> str:
         return resolve_tracking_uri(tracking_uri)
     default = resolve_tracking_uri()
     key = store_key(survey.store or default)
-    if key.startswith(_SQLITE) and not _is_mlflow_sqlite(key):
+    if key.startswith(SQLITE_PREFIX) and not _is_mlflow_sqlite(key):
         reason = "is not an existing MLflow SQLite store"
     elif key == store_key(default):
         return default  # as the user wrote it: credentials, options
-    elif key.startswith(_SQLITE):
+    elif key.startswith(SQLITE_PREFIX):
         return key
     else:
         reason = f"is neither --tracking-uri nor the default store ({store_key(default)})"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     pass
 
-from lightning_losses.tracking.uri import view_command, without_password
+from lightning_losses.tracking.uri import redact_uri, view_command
 
 
 def describe_fit(pl_module: Any, callbacks: Iterable[Any]) -> str:
@@ -75,11 +75,12 @@ def describe_run(
         diagram: the last reliability diagram written (``CalibrationMonitor.last_diagram``).
 
     Returns:
-        The run line (run id, experiment, tracking URI), then one line each, indented, for the
-        final validation values, the reliability diagram (when there are such), the checkpoint
-        folder and the command to see the run.
+        The run line (run id, experiment, tracking URI redacted by :func:`redact_uri`), then
+        one line each, indented, for the final validation values, the reliability diagram
+        (when there are such), the checkpoint folder and the command to see the run (a
+        server's address without its credentials, :func:`view_command`).
     """
-    uri = without_password(str(logger._tracking_uri))  # printed: never the password
+    uri = str(logger._tracking_uri)  # printed redacted: never a password or a token
     name = getattr(logger, "_experiment_name", None)
     if not getattr(logger, "spooled", 0):  # ask the store (a run continued by id may differ)
         try:
@@ -87,7 +88,7 @@ def describe_run(
         except Exception:
             pass
     folders = ", ".join(dict.fromkeys(str(d) for d in checkpoint_dirs if d)) or "none"
-    lines = [f"MLflow run {logger.run_id} (experiment {name!r}) in {uri}"]
+    lines = [f"MLflow run {logger.run_id} (experiment {name!r}) in {redact_uri(uri)}"]
     values = final_values(metrics or {})
     if values:
         lines.append(f"  final validation: {values}")
