@@ -94,3 +94,52 @@ def test_bad_input_names_the_argument():
         pair_by_seed({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 1.0})
     with pytest.raises(ValueError, match="finite"):
         decide([0.1, float("nan")], margin=0.0)
+
+
+def test_non_inferiority_equals_scipys_one_sided_t_tests():
+    """``non_inferior``: holds iff the one-sided t-test of ``d > -margin`` rejects at 5%, fails
+    iff the one of ``d < -margin`` does (scipy.stats.ttest_1samp), else undecided."""
+    from lightning_losses.compare.decide import non_inferior
+
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(300):
+        n = int(rng.integers(3, 12))
+        diffs = rng.normal(rng.uniform(-0.03, 0.01), rng.uniform(0.001, 0.02), n)
+        margin = 0.01
+        outcome, needed = non_inferior(decide(diffs, margin=margin), margin)
+        above = stats.ttest_1samp(diffs + margin, 0.0, alternative="greater").pvalue < 0.05
+        below = stats.ttest_1samp(diffs + margin, 0.0, alternative="less").pvalue < 0.05
+        expected = "holds" if above else "fails" if below else "undecided"
+        assert outcome == expected
+        seen.add(outcome)
+        if outcome == "undecided" and needed is not None:
+            mean, sd = diffs.mean(), diffs.std(ddof=1)
+            decides = [
+                mean - half > -margin or mean + half < -margin
+                for half in (
+                    stats.t.ppf(0.95, k - 1) * sd / math.sqrt(k) for k in (needed - 1, needed)
+                )
+            ]
+            assert decides == [False, True]
+        # Lower is better: the mirrored differences give the same outcome.
+        mirrored = non_inferior(decide(-diffs, margin=margin), margin, higher_is_better=False)
+        assert mirrored == (outcome, needed)
+    assert seen == {"holds", "fails", "undecided"}
+
+
+def test_below_zero_beyond_noise_but_maybe_within_the_margin_is_undecided():
+    """FLSD-53's accuracy against CE's in the report's claim 8: the difference is below 0 beyond
+    noise but its one-sided bound crosses -0.01, so "not below by more than 0.01" is undecided."""
+    from lightning_losses.reproduce.spec import Condition
+
+    diffs = [-0.009, -0.012, -0.006, -0.010, -0.008]
+    decision = decide(diffs, margin=0.01)
+    assert decision.high < 0  # below 0 beyond noise
+    condition = Condition("acc(a) not below acc(b) by 0.01", 0.9, ">=", 0.91, decision, 0.01)
+    assert condition.outcome == "undecided"
+    assert condition.seeds_text.startswith("needs ~")
+    within = Condition("x", 0.9, ">=", 0.9, decide([-0.002, 0.001, -0.001, 0.0], margin=0.01), 0.01)
+    assert within.result.startswith("holds: not below by more than 0.01")
+    beyond = Condition("x", 0.9, ">=", 0.93, decide([-0.03, -0.025, -0.035], margin=0.01), 0.01)
+    assert beyond.result == "fails: below by more than 0.01 beyond noise"

@@ -58,6 +58,11 @@ def test_the_source_hash_covers_python_files_and_configs_only(tmp_path) -> None:
     assert version.source_hash(root) == expected.hexdigest()
     (root / "notes.txt").write_text("edited")
     assert version.source_hash(root) == expected.hexdigest()
+    # The verdict and comparison code reads finished runs: editing it re-decides, not retrains.
+    for reader in ("compare/decide.py", "reproduce/spec.py", "reproduce/report.py"):
+        (root / reader).parent.mkdir(parents=True, exist_ok=True)
+        (root / reader).write_bytes(b"rule = 1\n")
+    assert version.source_hash(root) == expected.hexdigest()
     (root / "configs" / "experiments" / "e.yaml").write_bytes(b"c: 4\n")
     assert version.source_hash(root) != expected.hexdigest()
 
@@ -65,7 +70,8 @@ def test_the_source_hash_covers_python_files_and_configs_only(tmp_path) -> None:
 def test_the_installed_package_hash_reads_every_module_and_shipped_config() -> None:
     root = version.package_root()
     names = {p.relative_to(root).as_posix() for p in version.source_files()}
-    assert {"reproduce/spec.py", "compare/decide.py", "mnist1d.py"} <= names
+    assert {"reproduce/runner.py", "reproduce/claims.py", "models.py", "mnist1d.py"} <= names
+    assert not {"reproduce/spec.py", "reproduce/report.py", "compare/decide.py"} & names
     assert "configs/mnist1d_ce.yaml" in names
     assert "configs/experiments/claim-7-mnist1d-benchmark.yaml" in names
 

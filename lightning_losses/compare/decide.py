@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["VERDICTS", "Decision", "decide", "pair_by_seed", "t_interval"]
+__all__ = ["VERDICTS", "Decision", "decide", "non_inferior", "pair_by_seed", "t_interval"]
 
 #: The verdicts :func:`decide` gives.
 VERDICTS = ("better", "worse", "equivalent", "undecided")
@@ -121,6 +121,9 @@ class Decision:
         seeds_needed: for "undecided", the seeds at which the same mean and spread would
             decide, else ``None``.
         method: ``"paired t"`` or ``"Welch t"``.
+        tost_low: low end of the ``1 - 2 (1 - level)`` interval (the one-sided tests' bound).
+        tost_high: its high end.
+        sd: the per-seed spread behind the intervals (for seed counts).
     """
 
     verdict: str
@@ -134,6 +137,9 @@ class Decision:
     equivalent: bool
     seeds_needed: int | None
     method: str
+    tost_low: float = -math.inf
+    tost_high: float = math.inf
+    sd: float = 0.0
 
     def describe(self, digits: int = 4) -> str:
         """The verdict in a few words, e.g. ``better (+0.0123, 95% CI [+0.0051, +0.0195])``.
@@ -245,8 +251,60 @@ def decide(
         verdict = "undecided"
     needed = _seeds_needed(mean, sd, n, level, margin) if verdict == "undecided" else None
     return Decision(
-        verdict, mean, low, high, level, float(margin), n, different, equivalent, needed, method
+        verdict,
+        mean,
+        low,
+        high,
+        level,
+        float(margin),
+        n,
+        different,
+        equivalent,
+        needed,
+        method,
+        tost_low,
+        tost_high,
+        sd,
     )
+
+
+def non_inferior(
+    decision: Decision, margin: float, *, higher_is_better: bool = True
+) -> tuple[str, int | None]:
+    """Whether the candidate is not worse than the baseline by more than ``margin``.
+
+    The one-sided tests at ``alpha = 1 - level`` on the ``1 - 2 alpha`` interval of the
+    difference ``d`` (candidate minus baseline; with ``higher_is_better=False`` its negative,
+    so that worse is always below): ``holds`` when its low end
+    is above ``-margin`` (not worse by more than the margin), ``fails`` when its high end is
+    below ``-margin`` (worse by more than the margin beyond noise), ``undecided`` otherwise,
+    with the seeds at which the same mean and spread would decide (paired t; ``None`` past
+    :data:`MAX_SEEDS` or with fewer than 2 seeds). A difference below 0 beyond noise but
+    within the margin is not a failure.
+
+    Example:
+        >>> d = decide([-0.009, -0.012, -0.006, -0.010, -0.008], margin=0.01)
+        >>> d.high < 0, non_inferior(d, 0.01)  # below 0 beyond noise; within 0.01 undecided
+        (True, ('undecided', 16))
+        >>> non_inferior(decide([-0.002, 0.001, -0.001, 0.0], margin=0.01), 0.01)
+        ('holds', None)
+        >>> non_inferior(decide([-0.03, -0.025, -0.035], margin=0.01), 0.01)
+        ('fails', None)
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    low, high = sorted((sign * decision.tost_low, sign * decision.tost_high))
+    mean = sign * decision.difference
+    if low > -margin:
+        return "holds", None
+    if high < -margin:
+        return "fails", None
+    if decision.n < 2:
+        return "undecided", None
+    for seeds in range(decision.n + 1, MAX_SEEDS + 1):
+        half = _t_quantile(decision.level, seeds - 1) * decision.sd / math.sqrt(seeds)
+        if mean - half > -margin or mean + half < -margin:
+            return "undecided", seeds
+    return "undecided", None
 
 
 def _welch(

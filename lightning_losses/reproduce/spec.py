@@ -15,9 +15,12 @@ margin. What a condition claims decides which of :func:`decide`'s verdicts suppo
 - ``<``, ``>``: a difference in that direction; it holds when the interval lies on the
   claimed side of 0 ("better"), and fails when it lies on the other side or, with a margin,
   when the difference is equivalent to 0 within it.
-- ``<=``, ``>=``: not worse than the other side by more than ``margin``; it holds when the
-  difference is equivalent to 0 within the margin or lies on the claimed side beyond the
-  noise, and fails when it lies on the other side beyond it.
+- ``<=``, ``>=``: not worse than the other side by more than ``margin`` (non-inferiority,
+  :func:`~lightning_losses.compare.decide.non_inferior`): it holds when the one-sided test at
+  5% puts the difference above ``-margin`` (on the worse side), and fails when it puts it
+  beyond ``-margin``; a difference on the worse side of 0 beyond noise but possibly within
+  the margin is undecided, not a failure. Without a margin: holds on the claimed side
+  beyond noise, fails on the other side beyond it.
 - ``~``: about the same within ``margin`` (which must be > 0); it holds when TOST shows the
   difference inside ``(-margin, margin)``, and fails when it is beyond the noise either way.
 
@@ -30,6 +33,7 @@ number never holds.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -41,7 +45,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..compare.decide import MAX_SEEDS, Decision, decide
+from ..compare.decide import MAX_SEEDS, Decision, decide, non_inferior
 
 #: Repository root: shipped configs are found relative to it from any working directory.
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -67,6 +71,9 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
 #: The operator of a condition of equivalence ("about the same").
 EQUIVALENT = "~"
 #: The verdicts of :func:`decide` that support a condition, by its operator.
+#: Operators read as "not worse by more than the margin" when a margin is given.
+NON_INFERIORITY = frozenset({"<=", ">="})
+
 SUPPORTING: dict[str, frozenset[str]] = {
     "<": frozenset({"better"}),
     ">": frozenset({"better"}),
@@ -207,11 +214,19 @@ class Condition:
             if self.op == EQUIVALENT:
                 return "holds" if abs(self.left - self.right) < self.margin else "fails"
             return "holds" if OPERATORS[self.op](self.left, self.right) else "fails"
+        if self.op in NON_INFERIORITY and self.margin > 0:
+            outcome = self._non_inferior()[0]
+            return UNDECIDED if outcome == "undecided" else outcome
         if self.decision.verdict in SUPPORTING[self.op]:
             return "holds"
         if self.decision.verdict == "undecided":
             return UNDECIDED
         return "fails"
+
+    def _non_inferior(self) -> tuple[str, int | None]:
+        """:func:`non_inferior` of the decision, in the direction of ``op``."""
+        assert self.decision is not None
+        return non_inferior(self.decision, self.margin, higher_is_better=self.op == ">=")
 
     @property
     def holds(self) -> bool:
@@ -223,6 +238,9 @@ class Condition:
         """For an undecided condition, e.g. ``needs ~12 seeds``; else ``""``."""
         if self.outcome != UNDECIDED or self.decision is None:
             return ""
+        if self.op in NON_INFERIORITY and self.margin > 0:
+            needed = self._non_inferior()[1]
+            return seeds_text(dataclasses.replace(self.decision, seeds_needed=needed))
         return seeds_text(self.decision)
 
     @property
@@ -233,6 +251,11 @@ class Condition:
             return outcome
         if outcome == UNDECIDED:
             return f"undecided ({self.seeds_text})"
+        if self.op in NON_INFERIORITY and self.margin > 0:
+            side = "below" if self.op == ">=" else "above"
+            if outcome == "holds":
+                return f"holds: not {side} by more than {self.margin:g} (one-sided t, 5%)"
+            return f"fails: {side} by more than {self.margin:g} beyond noise"
         if decision.verdict == "equivalent":
             return f"{outcome}: equivalent within ±{self.margin:g}"
         if outcome == "holds":

@@ -2,11 +2,13 @@
 
 Every run ``reproduce`` makes is tagged :data:`CODE_VERSION_TAG` with :func:`code_version`,
 and a run is reused only under the same code version: numbers made by other code are never
-mixed into a report silently. The hash covers what decides a run's numbers and works as well in
-a wheel as in a checkout (no git needed): every ``lightning_losses/**/*.py`` file and the
-shipped configs (``configs/*.yaml``, ``configs/*/*.yaml`` with the experiment files, and
-``default_config.yaml``), by their paths relative to the package and their bytes. It is
-computed once per process (about 150 small files).
+mixed into a report silently. The hash covers what can decide a run's numbers and works as
+well in a wheel as in a checkout (no git needed): every ``lightning_losses/**/*.py`` file and
+the shipped configs (``configs/*.yaml``, ``configs/*/*.yaml`` with the experiment files, and
+``default_config.yaml``), by their paths relative to the package and their bytes, except
+the code that only reads finished runs (:data:`READERS_ONLY`: ``compare`` and the report's
+verdict rules and text), so that a corrected verdict rule re-decides the stored runs instead
+of training them again. It is computed once per process (about 150 small files).
 
 Standard library only.
 """
@@ -25,6 +27,8 @@ CODE_VERSION_TAG = "lightning_losses.code_version"
 HASH_DIGITS = 12
 #: The shipped configs, relative to the package (the package data of ``pyproject.toml``).
 CONFIG_PATTERNS = ("default_config.yaml", "configs/*.yaml", "configs/*/*.yaml")
+#: Code that reads finished runs and never makes one: left out of the hash.
+READERS_ONLY = ("compare/", "reproduce/report.py", "reproduce/spec.py")
 
 
 def package_root() -> Path:
@@ -35,11 +39,16 @@ def package_root() -> Path:
 def source_files(root: Path | None = None) -> list[Path]:
     """The files :func:`source_hash` reads, sorted by their path relative to ``root``.
 
-    Every ``*.py`` below ``root`` (``__pycache__`` has none) and the configs of
+    Every ``*.py`` below ``root`` (``__pycache__`` has none) but :data:`READERS_ONLY`, and the
+    configs of
     :data:`CONFIG_PATTERNS`; ``configs`` may be a link to the repository's ``configs/``.
     """
     root = package_root() if root is None else root
-    files = {p for p in root.rglob("*.py") if p.is_file()}
+    files = {
+        p
+        for p in root.rglob("*.py")
+        if p.is_file() and not p.relative_to(root).as_posix().startswith(READERS_ONLY)
+    }
     for pattern in CONFIG_PATTERNS:
         files.update(p for p in root.glob(pattern) if p.is_file())
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
