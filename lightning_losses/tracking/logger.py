@@ -44,6 +44,7 @@ from lightning_losses.tracking.uri import (
     redact_text,
     redact_uri,
     resolve_tracking_uri,
+    without_redacted,
 )
 
 
@@ -189,6 +190,8 @@ class TrackingLogger(MLFlowLogger):
         self._queued_step: int | None = None
         self._queued_values: dict[str, float] = {}
         self.spooled = 0
+        #: The first failure that sent a call to the spool, for the closing warning.
+        self.first_failure = ""
         #: Where :meth:`log_hyperparams` puts the module's hyper-parameters: ``None`` (plain
         #: use) logs them under their own dotted names; the CLI's config callback, which logs
         #: the config, sets the config's model section (``"model."``) so that only the values
@@ -324,11 +327,14 @@ class TrackingLogger(MLFlowLogger):
         record.update(run_id=self._run_id, tracking_uri=redact_uri(self._tracking_uri))
         append_spool_record(path, record)
         if self.spooled == 0:
+            message = redact_text(str(error), self._tracking_uri).strip().splitlines()
+            cause = f"{type(error).__name__}: {message[0] if message else ''}"  # its first line
+            self.first_failure = cause
             rank_zero_warn(
                 f"MLflow tracking at {redact_uri(self._tracking_uri)} failed "
-                f"({type(error).__name__}: {redact_text(str(error), self._tracking_uri)}). "
+                f"({cause}). "
                 f"Training goes on; what cannot be sent is kept in {path}. Replay it "
-                f"with `lightning-losses sync-tracking {path}` once the server is back."
+                f"with `{self.replay_command()}` once the cause is mended."
             )
         self.spooled += 1
 
@@ -565,9 +571,16 @@ class TrackingLogger(MLFlowLogger):
             self._spool({"kind": "terminate", "status": mlflow_status}, error)
         if self.spooled:
             rank_zero_warn(
-                f"{self.spooled} tracking calls could not reach {redact_uri(self._tracking_uri)}; "
-                f"they are in {self.spool_path}: `lightning-losses sync-tracking {self.spool_path}`"
+                f"{self.spooled} tracking calls were not recorded in "
+                f"{redact_uri(self._tracking_uri)} (the first failure: {self.first_failure}); "
+                f"they are in {self.spool_path}: `{self.replay_command()}` replays them once "
+                "the cause is mended (credentials from the environment)"
             )
+
+    def replay_command(self) -> str:
+        """``lightning-losses sync-tracking <spool> --tracking-uri <this store, no secrets>``."""
+        store = without_redacted(redact_uri(self._tracking_uri))
+        return f"lightning-losses sync-tracking {self.spool_path} --tracking-uri {store}"
 
 
 def _superseded(record: Mapping[str, Any] | None, marker: Resume, run_id: str | None) -> bool:
