@@ -192,7 +192,11 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
             ],
         )
         model = ClassifierModule("gamma_ce", hidden=[32])
-        trainer.fit(model, DigitsDataModule(batch_size=128))
+        with pytest.warns(UserWarning, match="MLflow tracking at .* failed") as caught:
+            trainer.fit(model, DigitsDataModule(batch_size=128))
+        # The closing warning names the first failure and the replay command with its store.
+        closing = [str(w.message) for w in caught if "were not recorded in" in str(w.message)]
+        assert closing and "sync-tracking" in closing[0] and "--tracking-uri" in closing[0]
         assert trainer.state.finished  # the fit completed without the server
         run_id = tracking.run_id
         spool = tracking.spool_path
