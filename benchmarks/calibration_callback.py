@@ -22,9 +22,9 @@ import lightning as L
 import torch
 
 from lightning_losses.callbacks import CalibrationMonitor
-from lightning_losses.data import DigitsDataModule
-from lightning_losses.models import ClassifierModule
-from lightning_losses.quiet import silence_libraries
+from lightning_losses.cli.quiet import silence_libraries
+from lightning_losses.data.digits import DigitsDataModule
+from lightning_losses.lightning.classifier import ClassifierModule
 
 VARIANTS = {
     "no callback": lambda: [],

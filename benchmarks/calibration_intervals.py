@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from lightning_losses.calibration import calibration_error_interval
 from lightning_losses.callbacks import CalibrationMonitor
-from lightning_losses.quiet import silence_libraries
+from lightning_losses.cli.quiet import silence_libraries
 
 
 class Stored(L.LightningModule):

@@ -60,10 +60,10 @@ from torch import nn
 from torchmetrics.classification import MulticlassCalibrationError
 
 from lightning_losses import CrossEntropyLoss
-from lightning_losses.backbones import CNN1D
 from lightning_losses.callbacks import CalibrationMonitor, LastCheckpoint
-from lightning_losses.mnist1d import MNIST1DDataModule
-from lightning_losses.models import ClassifierModule
+from lightning_losses.data.mnist1d import MNIST1DDataModule
+from lightning_losses.lightning.backbones import CNN1D
+from lightning_losses.lightning.classifier import ClassifierModule
 from lightning_losses.tracking import TrackingLogger
 
 SKIP_FIRST = 1  # epochs left out at the start of each fit

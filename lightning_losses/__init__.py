@@ -19,8 +19,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_losses._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -53,18 +54,19 @@ __all__ = [
 #: The submodule that defines each exported name: imported on the name's first access.
 _EXPORTS: dict[str, str] = {
     **{name: "losses" for name in __all__ if name.endswith("Loss")},
-    "LossMixin": "mixins",
+    "LossMixin": "lightning.mixin",
     "NormFaceHead": "heads",
     "available_losses": "registry",
-    "build_criterion": "mixins",
+    "build_criterion": "lightning.mixin",
     "get_loss": "registry",
     "loss_class": "registry",
     "register_loss": "registry",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
-    from .heads import NormFaceHead
-    from .losses import (
+    from lightning_losses.heads import NormFaceHead
+    from lightning_losses.lightning.mixin import LossMixin, build_criterion
+    from lightning_losses.losses import (
         AdaFocalLoss,
         AdaptiveFocalLoss,
         BinaryFocalLoss,
@@ -82,20 +84,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         SoftAccuracyLoss,
         SoftTruncatedLoss,
     )
-    from .mixins import LossMixin, build_criterion
-    from .registry import available_losses, get_loss, loss_class, register_loss
+    from lightning_losses.registry import available_losses, get_loss, loss_class, register_loss
 
 
-def __getattr__(name: str) -> Any:
-    """Import an exported name from its submodule on first access and keep it here."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later accesses skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's attributes, the exported names not yet imported included."""
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .functional._validation import check_choice, check_range
-from .functional.scale import feature_norm, normface_min_scale
+from lightning_losses.functional._validation import check_choice, check_range
+from lightning_losses.functional.scale import feature_norm, normface_min_scale
 
 KINDS = ("normface", "cosface", "arcface")
 

@@ -16,18 +16,18 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from . import functional as LF
-from .functional._validation import check_flag, check_loss_options, check_range
-from .functional.adafocal import check_adafocal_bins
-from .functional.binary import (
+from lightning_losses import functional as LF
+from lightning_losses.functional._validation import check_flag, check_loss_options, check_range
+from lightning_losses.functional.adafocal import check_adafocal_bins
+from lightning_losses.functional.binary import (
     check_binary_focal,
     check_binary_ignore_index,
     check_pos_weight_values,
 )
-from .functional.exact import check_exact, check_exact_options
-from .functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
-from .functional.multilabel import check_nm
-from .functional.target_probability import (
+from lightning_losses.functional.exact import check_exact, check_exact_options
+from lightning_losses.functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
+from lightning_losses.functional.multilabel import check_nm
+from lightning_losses.functional.target_probability import (
     check_adaptive_focal,
     check_cross_entropy,
     check_focal,
@@ -35,7 +35,7 @@ from .functional.target_probability import (
     check_hard_truncated,
     check_no_label_smoothing,
 )
-from .functional.truncation import check_soft_truncated
+from lightning_losses.functional.truncation import check_soft_truncated
 
 
 def _no_hyperparameters() -> None:
@@ -159,7 +159,7 @@ class CrossEntropyLoss(FunctionalLoss):
     :class:`torch.nn.CrossEntropyLoss`: the loss against ``(1 - eps) onehot(t) + eps / C``,
     class weights included. It is a hyper-parameter like ``gamma`` of the other losses: an
     attribute read at each call, checked by :meth:`check_hyperparameters` and open to a
-    schedule (which :class:`~lightning_losses.mixins.LossMixin` logs as
+    schedule (which :class:`~lightning_losses.lightning.mixin.LossMixin` logs as
     ``criterion/label_smoothing``).
 
     The subclasses that compute another loss of the family (``function`` other than

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from . import losses
-from .loss_names import BUILTIN_LOSSES, unknown_loss_message
+from lightning_losses import losses
+from lightning_losses.loss_names import BUILTIN_LOSSES, unknown_loss_message
 
 # The built-in names are listed, without torch, in loss_names (the console script reads them).
 _REGISTRY: dict[str, type[nn.Module]] = {

@@ -1,7 +1,7 @@
 """The main job: fit a few shipped configs with the CLI and print one comparison table.
 
 Each run is ``lightning-losses fit --config configs/<name>.yaml`` (in this process, through
-:func:`lightning_losses.cli.run_fit`), the same model, data split, budget and seed for every
+:func:`lightning_losses.cli.fit.run_fit`), the same model, data split, budget and seed for every
 loss. While it runs, one line per config: ``[3/10] digits_focal ... 2.9 s, ETA 20 s``; no
 progress bars, and Lightning's and MLflow's info lines, tips and each fit's summary lines stay
 out of the terminal. A warning raised
@@ -41,9 +41,9 @@ QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=
 def quiet() -> None:
     """Lightning's and MLflow's info lines and warnings off (``LIGHTNING_LOSSES_VERBOSE=1``: on).
 
-    The package's one home for it, :mod:`lightning_losses.quiet`, as for ``lightning-losses``.
+    The package's one home for it, :mod:`lightning_losses.cli.quiet`, as for ``lightning-losses``.
     """
-    from lightning_losses.quiet import silence_libraries, verbose_requested
+    from lightning_losses.cli.quiet import silence_libraries, verbose_requested
 
     if not verbose_requested():
         silence_libraries()
@@ -51,8 +51,8 @@ def quiet() -> None:
 
 def run(name: str, epochs: int, seen: dict[str, list[str]]) -> dict[str, object]:
     """Fit one config; record each warning it raises in ``seen`` (message -> configs)."""
-    from lightning_losses.cli import run_fit
-    from lightning_losses.quiet import fit_output_aside
+    from lightning_losses.cli.fit import run_fit
+    from lightning_losses.cli.quiet import fit_output_aside
 
     config = ROOT / "configs" / f"{name}.yaml"
     started = time.perf_counter()

@@ -6,10 +6,17 @@ ECE of Błasiok and Nakkiran (an O(grid) state). This package imports torch
 and torchmetrics only; netcal and matplotlib are imported lazily by the modules that need them.
 """
 
-from .aurc import AURC, aurc
-from .brier import BrierComponents, BrierDecomposition, brier_decomposition
-from .debiased import DebiasedCalibrationError, debiased_calibration_error
-from .functional import (
+from lightning_losses.calibration.aurc import AURC, aurc
+from lightning_losses.calibration.brier import (
+    BrierComponents,
+    BrierDecomposition,
+    brier_decomposition,
+)
+from lightning_losses.calibration.debiased import (
+    DebiasedCalibrationError,
+    debiased_calibration_error,
+)
+from lightning_losses.calibration.functional import (
     accuracy,
     adaptive_calibration_error,
     binned_statistics,
@@ -24,8 +31,11 @@ from .functional import (
     negative_log_likelihood,
     resolve_task,
 )
-from .intervals import CalibrationErrorInterval, calibration_error_interval
-from .metrics import (
+from lightning_losses.calibration.intervals import (
+    CalibrationErrorInterval,
+    calibration_error_interval,
+)
+from lightning_losses.calibration.metrics import (
     Accuracy,
     AdaptiveCalibrationError,
     BrierScore,
@@ -35,7 +45,7 @@ from .metrics import (
     MeanConfidence,
     NegativeLogLikelihood,
 )
-from .smooth import (
+from lightning_losses.calibration.smooth import (
     SmoothCalibrationError,
     SmoothReliabilityCurve,
     smooth_calibration_error,

@@ -40,10 +40,10 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from ..functional._validation import check_flag
-from . import functional as CF
-from .functional import InputFormat, Task
-from .metrics import _CalibrationMetric
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Task
+from lightning_losses.calibration.metrics import _CalibrationMetric
+from lightning_losses.functional._validation import check_flag
 
 __all__ = ["AURC", "aurc", "aurc_from_histogram", "aurc_histogram_bound", "aurc_histogram_edges"]
 

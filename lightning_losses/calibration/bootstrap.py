@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import functional as CF
+from lightning_losses.calibration import functional as CF
 
 __all__ = [
     "DEFAULT_N_BOOTSTRAP",
@@ -233,7 +233,7 @@ def decision_groups(
     Decisions are laid out as ``target`` (``[N]``, ``[N, K]`` or dense ``[N, *]``), row-major,
     ignored entries dropped. Row ``i`` has position ``index[i]``, or by default ``rank +
     world_size * (rows seen before + i)``: the order in which
-    :class:`~lightning_losses.data.UnpaddedDistributedSampler` (and torch's
+    :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler` (and torch's
     ``DistributedSampler`` without shuffling) deals a data set to the processes, so the default
     is the dataset position whenever each row is one sample in loader order. Advances
     ``metric.boot_seen`` by ``N``.
@@ -398,7 +398,7 @@ class _ReplicateSmoother:
 
     def values(self, sigma: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """smECE of ``rows`` (indices) at bandwidths ``sigma`` (one per row)."""
-        from .smooth import KERNEL_RADIUS, MIN_MESH_POINTS
+        from lightning_losses.calibration.smooth import KERNEL_RADIUS, MIN_MESH_POINTS
 
         count, nodes = len(rows), self.size + 1
         kernel = np.exp(-0.5 * (self.distance / sigma[:, None]) ** 2) / (
@@ -422,14 +422,14 @@ class _ReplicateSmoother:
 
     def goes_up(self, sigma: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The bisection's test ``σ < smECE_σ`` (true below the floor) and ``smECE_σ``."""
-        from .smooth import MIN_BANDWIDTH
+        from lightning_losses.calibration.smooth import MIN_BANDWIDTH
 
         value = self.values(np.maximum(sigma, MIN_BANDWIDTH), rows)
         return (sigma < MIN_BANDWIDTH) | (sigma < value), value
 
     def bisect(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(σ*, smECE_σ*)`` by ``relplot``'s ten halvings of [0, 1] (``σ*`` their upper end)."""
-        from .smooth import BISECTION_STEPS
+        from lightning_losses.calibration.smooth import BISECTION_STEPS
 
         low, high = np.zeros(len(rows)), np.ones(len(rows))
         for _ in range(BISECTION_STEPS):
@@ -459,7 +459,7 @@ def _smooth_values(mass: np.ndarray, residual: np.ndarray, *, attempts: int = 4)
     grows) the result is the bisection's, to rounding (the mesh sums run over other batches of
     rows), at about a third of its cost. NaN for rows without mass.
     """
-    from .smooth import BISECTION_STEPS
+    from lightning_losses.calibration.smooth import BISECTION_STEPS
 
     scale = 1 << BISECTION_STEPS
     smoother = _ReplicateSmoother(mass, residual)

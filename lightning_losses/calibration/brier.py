@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from . import functional as CF
-from .functional import InputFormat, Task
-from .metrics import _CalibrationMetric
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Task
+from lightning_losses.calibration.metrics import _CalibrationMetric
 
 __all__ = [
     "BrierComponents",

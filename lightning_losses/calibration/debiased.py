@@ -32,9 +32,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from . import functional as CF
-from .functional import InputFormat, Task
-from .metrics import _EqualWidthMetric
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Task
+from lightning_losses.calibration.metrics import _EqualWidthMetric
 
 __all__ = [
     "DebiasedCalibrationError",

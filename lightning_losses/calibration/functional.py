@@ -51,14 +51,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..functional._validation import (
+from lightning_losses.calibration._dense import flatten_dense, is_dense
+from lightning_losses.functional._validation import (
     check_choice,
     check_ignore_index,
     check_same_device,
     check_sums_to_one,
     first_non_finite,
 )
-from ._dense import flatten_dense, is_dense
 
 Task = Literal["binary", "multiclass", "multilabel"]
 Norm = Literal["l1", "max", "l2", "mean"]
@@ -947,7 +947,7 @@ def _brier_terms(preds: Tensor, target: Tensor, task: str, input_format: str) ->
     return (probs - target.to(torch.float64)).square().reshape(-1)
 
 
-def _nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+def nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
     """Per-sample (multiclass) or per-label negative log-likelihoods, float64."""
     if task == "multiclass":
         index = target.long()[:, None]
@@ -973,7 +973,7 @@ def _proper_terms(
         log_p_t = log_probs.gather(1, index)[:, 0]
         probs = log_probs.exp()
         return (probs * probs).sum(dim=1) - 2 * log_p_t.exp() + 1, -log_p_t
-    return _brier_terms(preds, target, task, input_format), _nll_terms(
+    return _brier_terms(preds, target, task, input_format), nll_terms(
         preds, target, task, input_format
     )
 
@@ -1071,7 +1071,7 @@ def negative_log_likelihood(
     preds, target, task = _prepare(
         preds, target, task, input_format, validate_args, ignore_index=ignore_index
     )
-    return _mean(_nll_terms(preds, target, task, input_format))
+    return _mean(nll_terms(preds, target, task, input_format))
 
 
 def accuracy(

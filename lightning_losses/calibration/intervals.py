@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import bootstrap as BS
-from . import functional as CF
-from .functional import InputFormat, Task
-from .metrics import _EqualWidthMetric
+from lightning_losses.calibration import bootstrap as BS
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Task
+from lightning_losses.calibration.metrics import _EqualWidthMetric
 
 __all__ = ["CalibrationErrorInterval", "calibration_error_interval"]
 

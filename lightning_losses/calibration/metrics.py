@@ -24,10 +24,10 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from ..functional._validation import check_flag
-from . import bootstrap as BS
-from . import functional as CF
-from .functional import InputFormat, Norm, Task
+from lightning_losses.calibration import bootstrap as BS
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Norm, Task
+from lightning_losses.functional._validation import check_flag
 
 __all__ = [
     "Accuracy",
@@ -464,7 +464,7 @@ class NegativeLogLikelihood(_MeanMetric):
         tensor(1.4100, dtype=torch.float64)
     """
 
-    terms = staticmethod(CF._nll_terms)
+    terms = staticmethod(CF.nll_terms)
 
 
 class Accuracy(_MeanMetric):
@@ -608,7 +608,7 @@ class CalibrationSummary(_EqualWidthMetric):
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
         if smooth:
-            from .smooth import GRID_SIZE
+            from lightning_losses.calibration.smooth import GRID_SIZE
 
             for name in ("mass", "residual"):
                 grid = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
@@ -646,7 +646,7 @@ class CalibrationSummary(_EqualWidthMetric):
         )
         self._add_bins(confidence, correct)
         if self.smooth:
-            from .smooth import smooth_grid_statistics
+            from lightning_losses.calibration.smooth import smooth_grid_statistics
 
             mass, residual = smooth_grid_statistics(confidence, correct)
             self.mass.add_(mass)
@@ -713,11 +713,11 @@ class CalibrationSummary(_EqualWidthMetric):
             "confidence": self.top_confidence / terms,
         }
         if self.smooth:
-            from .smooth import smooth_calibration_error_from_grid
+            from lightning_losses.calibration.smooth import smooth_calibration_error_from_grid
 
             values["smooth_ece"] = smooth_calibration_error_from_grid(self.mass, self.residual)
         if self.debiased:
-            from .debiased import debiased_calibration_error_from_bins
+            from lightning_losses.calibration.debiased import debiased_calibration_error_from_bins
 
             values["ece_debiased"] = debiased_calibration_error_from_bins(*bins, "l1")
             values["rmsce_debiased"] = debiased_calibration_error_from_bins(*bins, "l2")

@@ -84,7 +84,7 @@ def to_netcal(
             f"target must be [N] with N = {preds_t.shape[0]}, got {tuple(target_t.shape)}"
         )
     if ignore_index is not None:
-        from .functional import check_ignore_index
+        from lightning_losses.calibration.functional import check_ignore_index
 
         check_ignore_index(ignore_index)
         kept = target_t != ignore_index

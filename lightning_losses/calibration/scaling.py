@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional._validation import check_ignore_index, check_sums_to_one
+from lightning_losses.functional._validation import check_ignore_index, check_sums_to_one
 
 __all__ = ["TemperatureScaler", "fit_temperature"]
 

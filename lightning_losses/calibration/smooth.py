@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..functional._validation import check_flag
-from . import functional as CF
-from .functional import InputFormat, Task
-from .metrics import _CalibrationMetric
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.functional import InputFormat, Task
+from lightning_losses.calibration.metrics import _CalibrationMetric
+from lightning_losses.functional._validation import check_flag
 
 __all__ = [
     "GRID_SIZE",

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .diagram import DPI, _figure
-from .smooth import smooth_reliability_curve
+from lightning_losses.calibration.diagram import DPI, _figure
+from lightning_losses.calibration.smooth import smooth_reliability_curve
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

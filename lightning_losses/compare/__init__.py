@@ -31,8 +31,7 @@ mlflow and matplotlib are imported inside the functions that use them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lightning_losses._lazy import lazy_exports
 
 #: Each name importable from the package, with the submodule that defines it.
 _EXPORTS: dict[str, str] = {
@@ -125,16 +124,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load a name of :data:`_EXPORTS` from its submodule on first use (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's names, the lazily loaded ones included."""
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from lightning_losses.compare.cli import main
 
 sys.exit(main())

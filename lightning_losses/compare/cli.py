@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         return _compare_groups(args)
     from mlflow.exceptions import MlflowException
 
-    from .figure import comparison_figure
-    from .query import collect_runs, resolve_tracking_uri
-    from .table import format_table, sort_rows, write_csv
+    from lightning_losses.compare.figure import comparison_figure
+    from lightning_losses.compare.query import collect_runs, resolve_tracking_uri
+    from lightning_losses.compare.table import format_table, sort_rows, write_csv
 
     uri = resolve_tracking_uri(args.tracking_uri)
     skipped: dict[str, int] = {}
@@ -247,7 +247,7 @@ def _compare_groups(args: argparse.Namespace) -> int:
     """``compare --group-by``: print the groups' table and write ``groups.csv``."""
     from mlflow.exceptions import MlflowException
 
-    from .groups import (
+    from lightning_losses.compare.groups import (
         collect_records,
         compare_groups,
         format_groups,
@@ -255,7 +255,7 @@ def _compare_groups(args: argparse.Namespace) -> int:
         parse_margins,
         write_groups_csv,
     )
-    from .query import resolve_tracking_uri
+    from lightning_losses.compare.query import resolve_tracking_uri
 
     try:
         level = parse_level(args.level)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .params import class_name, unflatten
+from lightning_losses.compare.params import class_name, unflatten
 
 __all__ = ["NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text", "join_hparams", "split_hparams"]
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .query import mlflow_client, resolve_tracking_uri
+from lightning_losses.compare.query import mlflow_client, resolve_tracking_uri
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .decide import MAX_SEEDS, Decision, decide, pair_by_seed, t_interval
-from .params import class_name, parse_param
-from .query import METRICS, _loss_name
-from .table import _GAP, _cut
+from lightning_losses.compare.decide import MAX_SEEDS, Decision, decide, pair_by_seed, t_interval
+from lightning_losses.compare.params import class_name, parse_param
+from lightning_losses.compare.query import METRICS, _loss_name
+from lightning_losses.compare.table import _GAP, _cut
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -186,8 +186,7 @@ def collect_records(
     Raises:
         ValueError: as :func:`~lightning_losses.compare.query.collect_runs`.
     """
-    from ..tracking import final_metrics
-    from .query import (
+    from lightning_losses.compare.query import (
         _experiment_id,
         _find_runs,
         mlflow_client,
@@ -195,6 +194,7 @@ def collect_records(
         run_statuses,
         select_runs,
     )
+    from lightning_losses.tracking import final_metrics
 
     run_statuses(status)  # an unknown status fails before the store is opened
 

@@ -29,8 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .describe import hparams_text
-from .params import class_name, parse_param
+from lightning_losses.compare.describe import hparams_text
+from lightning_losses.compare.params import class_name, parse_param
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -345,7 +345,7 @@ def fit_seconds(timestamps: Sequence[int], starts: Sequence[int]) -> float | Non
 
 def _fit_wall_time(client: MlflowClient, run: Run) -> float | None:
     """:func:`fit_seconds` of a run (``None``: it logged no fit metric, or has no start)."""
-    from ..tracking import resume_markers
+    from lightning_losses.tracking import resume_markers
 
     if run.info.start_time is None:
         return None
@@ -440,7 +440,7 @@ def collect_runs(
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
         runs = select_runs(client, experiment_id, status, skipped)
-    from ..tracking import final_metrics
+    from lightning_losses.tracking import final_metrics
 
     return [
         run_row(run, final_metrics(client, run), wall_time_s=_fit_wall_time(client, run))

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .describe import join_hparams, split_hparams
-from .query import COLUMNS, METRICS, OPTIONAL_METRICS
+from lightning_losses.compare.describe import join_hparams, split_hparams
+from lightning_losses.compare.query import COLUMNS, METRICS, OPTIONAL_METRICS
 
 __all__ = [
     "DEFAULT_WIDTH",

@@ -5,13 +5,20 @@ Every function takes logits first and the target second, keyword-only hyper-para
 ``ignore_index`` and logits ``[N, C, *]`` like :func:`torch.nn.functional.cross_entropy`.
 """
 
-from .adafocal import adafocal_loss, adafocal_update
-from .binary import binary_focal_loss, binary_hard_truncated_loss, binary_soft_truncated_loss
-from .exact import exact_log_probability, exact_loss
-from .linear import linear_target_loss
-from .multilabel import multilabel_categorical_crossentropy, nm_categorical_crossentropy
-from .scale import feature_incay, normface_min_scale
-from .target_probability import (
+from lightning_losses.functional.adafocal import adafocal_loss, adafocal_update
+from lightning_losses.functional.binary import (
+    binary_focal_loss,
+    binary_hard_truncated_loss,
+    binary_soft_truncated_loss,
+)
+from lightning_losses.functional.exact import exact_log_probability, exact_loss
+from lightning_losses.functional.linear import linear_target_loss
+from lightning_losses.functional.multilabel import (
+    multilabel_categorical_crossentropy,
+    nm_categorical_crossentropy,
+)
+from lightning_losses.functional.scale import feature_incay, normface_min_scale
+from lightning_losses.functional.target_probability import (
     adaptive_focal_loss,
     cross_entropy,
     focal_loss,
@@ -19,7 +26,7 @@ from .target_probability import (
     hard_truncated_loss,
     soft_accuracy_loss,
 )
-from .truncation import soft_truncated_loss
+from lightning_losses.functional.truncation import soft_truncated_loss
 
 __all__ = [
     "adafocal_loss",

@@ -28,7 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validation import check_class_vector, check_index_target, check_reduction
+from lightning_losses.functional._validation import (
+    check_class_vector,
+    check_index_target,
+    check_reduction,
+)
 
 #: ``phi(log_p, **hyperparameters) -> (value, derivative)``, both of the shape of ``log_p``.
 Phi = Callable[..., tuple[Tensor, Tensor]]

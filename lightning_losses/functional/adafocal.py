@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._core import target_probability_loss
-from ._validation import check_range
-from .target_probability import check_no_label_smoothing
+from lightning_losses.functional._core import target_probability_loss
+from lightning_losses.functional._validation import check_range
+from lightning_losses.functional.target_probability import check_no_label_smoothing
 
 __all__ = [
     "adafocal_loss",

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss
-from ._validation import (
+from lightning_losses.functional._core import compute_dtype, reduce_loss
+from lightning_losses.functional._validation import (
     check_finite,
     check_ignore_index,
     check_range,
@@ -29,8 +29,8 @@ from ._validation import (
     check_same_device,
     check_soft_target,
 )
-from .target_probability import check_focal, check_hard_truncated
-from .truncation import check_soft_truncated
+from lightning_losses.functional.target_probability import check_focal, check_hard_truncated
+from lightning_losses.functional.truncation import check_soft_truncated
 
 
 def check_binary_focal(gamma: float, alpha: float | None) -> None:

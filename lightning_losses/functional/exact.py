@@ -23,15 +23,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss
-from ._validation import (
+from lightning_losses.functional._core import compute_dtype, reduce_loss
+from lightning_losses.functional._validation import (
     check_flag,
     check_index_target,
     check_range,
     check_reduction,
     check_same_device,
 )
-from .target_probability import check_no_label_smoothing
+from lightning_losses.functional.target_probability import check_no_label_smoothing
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._core import Phi, compute_dtype
-from ._validation import (
+from lightning_losses.functional._core import Phi, compute_dtype
+from lightning_losses.functional._validation import (
     check_class_indices,
     check_class_weights,
     check_finite,
@@ -44,7 +44,7 @@ from ._validation import (
     check_reduction,
     check_same_device,
 )
-from .target_probability import (
+from lightning_losses.functional.target_probability import (
     FAMILY,
     check_adaptive_focal,
     check_cross_entropy,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss
-from ._validation import (
+from lightning_losses.functional._core import compute_dtype, reduce_loss
+from lightning_losses.functional._validation import (
     check_choice,
     check_class_indices,
     check_finite,

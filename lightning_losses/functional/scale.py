@@ -9,8 +9,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss
-from ._validation import (
+from lightning_losses.functional._core import compute_dtype, reduce_loss
+from lightning_losses.functional._validation import (
     check_finite,
     check_logits,
     check_range,

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ._core import target_probability_loss
-from ._validation import (
+from lightning_losses.functional._core import target_probability_loss
+from lightning_losses.functional._validation import (
     check_range,
     check_reduction,
 )

@@ -7,9 +7,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import compute_dtype, reduce_loss, target_log_prob
-from ._validation import check_class_vector, check_index_target, check_range, check_reduction
-from .target_probability import check_no_label_smoothing
+from lightning_losses.functional._core import compute_dtype, reduce_loss, target_log_prob
+from lightning_losses.functional._validation import (
+    check_class_vector,
+    check_index_target,
+    check_range,
+    check_reduction,
+)
+from lightning_losses.functional.target_probability import check_no_label_smoothing
 
 
 def check_soft_truncated(k: float) -> None:

@@ -17,18 +17,15 @@ access (PEP 562), which imports torch and MLflow.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_losses._lazy import lazy_exports
 
 __all__ = ["main", "reproduce", "reproduce_all", "reproduce_claim"]
 
-#: Names served by the light command-line module; every other name comes from the pipeline.
-_CLI_NAMES = frozenset({"build_parser", "main", "parse_args"})
-
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports these
-    from .cli import build_parser, main, parse_args  # noqa: F401
-    from .pipeline import (  # noqa: F401
+    from lightning_losses.reproduce.cli import build_parser, main, parse_args  # noqa: F401
+    from lightning_losses.reproduce.pipeline import (  # noqa: F401
         DEFAULT_URI,
         display_uri,
         figures,
@@ -43,21 +40,25 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports the
     )
 
 
-def __getattr__(name: str) -> Any:
-    """Import ``name`` from the command-line module or the pipeline on first access."""
-    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        # A submodule (``from . import version``) is imported by the import system, not here:
-        # importing the pipeline for it would import the submodule's importers first (a cycle).
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(".cli" if name in _CLI_NAMES else ".pipeline", __name__)
-    try:
-        value = getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
+#: Each lazily imported name and its submodule: the light command line, or the pipeline.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("build_parser", "main", "parse_args"), "cli"),
+    **dict.fromkeys(
+        (
+            "DEFAULT_URI",
+            "display_uri",
+            "figures",
+            "quiet_libraries",
+            "reproduce",
+            "reproduce_all",
+            "reproduce_claim",
+            "run_claim",
+            "run_command",
+            "run_or_reuse",
+            "threshold_run",
+        ),
+        "pipeline",
+    ),
+}
 
-
-def __dir__() -> list[str]:
-    """The package's attributes, the lazily imported names of ``__all__`` included."""
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -16,7 +16,7 @@ one-sided tests.
 
 from __future__ import annotations
 
-from .spec import (
+from lightning_losses.reproduce.spec import (
     EQUIVALENT,
     Claim,
     Condition,
@@ -249,7 +249,7 @@ def _best_fixed_scale(table: Table, metric: str, lowest: bool = False) -> str:
 
 def scale_conditions(table: Table) -> list[Condition]:
     """Claim 5: the source's statements on small and large scales, temperature and NormFace."""
-    from ..functional import normface_min_scale
+    from lightning_losses.functional import normface_min_scale
 
     acc, nll = "rep/test_acc", "rep/test_nll"
     best_acc = _best_fixed_scale(table, acc)

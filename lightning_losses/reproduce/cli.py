@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from ..quiet import VERBOSE_ENV
-from .claims import CLAIMS
+from lightning_losses.cli.quiet import VERBOSE_ENV
+from lightning_losses.reproduce.claims import CLAIMS
 
 __all__ = ["build_parser", "main", "output_folder", "parse_args"]
 
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:  # read by the fits, in this process and in the --jobs workers
         os.environ[VERBOSE_ENV] = "1"
     try:
-        from .pipeline import run_command
+        from lightning_losses.reproduce.pipeline import run_command
 
         return run_command(args)
     finally:

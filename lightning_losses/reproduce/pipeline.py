@@ -22,10 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..quiet import fit_output_aside, silence_libraries, verbose_requested
-from . import version
-from .claims import CLAIMS
-from .report import (
+from lightning_losses.cli.quiet import fit_output_aside, silence_libraries, verbose_requested
+from lightning_losses.reproduce import version
+from lightning_losses.reproduce.claims import CLAIMS
+from lightning_losses.reproduce.report import (
     ClaimResult,
     collect,
     curves_figure,
@@ -37,8 +37,14 @@ from .report import (
     scaling_reliability_figures,
     write_report,
 )
-from .runner import COMPLETE_TAG, client_for, find_run, run_or_reuse, run_tags
-from .spec import Claim, Table, Variant
+from lightning_losses.reproduce.runner import (
+    COMPLETE_TAG,
+    client_for,
+    find_run,
+    run_or_reuse,
+    run_tags,
+)
+from lightning_losses.reproduce.spec import Claim, Table, Variant
 
 __all__ = ["reproduce", "reproduce_all", "reproduce_claim", "run_claim", "run_command"]
 
@@ -53,7 +59,7 @@ def threshold_run(
 
     ``since_ms``: reuse only a run started at or after it (``--fresh``).
     """
-    from . import threshold
+    from lightning_losses.reproduce import threshold
 
     variant = claim.variants[0]
     tags = run_tags(claim, variant, 0, 1)
@@ -76,7 +82,7 @@ def threshold_run(
 def quiet_libraries() -> None:
     """Library chatter out of the terminal unless ``--verbose``: the progress lines are the output.
 
-    :func:`lightning_losses.quiet.silence_libraries`, for the whole process. Each fit's own
+    :func:`lightning_losses.cli.quiet.silence_libraries`, for the whole process. Each fit's own
     summary lines are kept out too (:func:`_run_one`); the runs, their failures, this
     package's warnings and the report are printed.
     """
@@ -215,7 +221,7 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
     """Draw the claim's figures into ``out``; names relative to the report."""
     number = result.claim.number
     if number == 1:
-        from .threshold import figure
+        from lightning_losses.reproduce.threshold import figure
 
         figure(str(out / "claim1_losses.png"))
         return ["claim1_losses.png"]
@@ -306,7 +312,7 @@ def reproduce_all(
     ``fresh``: reuse no run made before this call; every run is trained again (a run this
     call made, such as claim 7's CNN for claim 8's cross-entropy arm, is still shared).
     """
-    from ..tracking import resolve_tracking_uri
+    from lightning_losses.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     out.mkdir(parents=True, exist_ok=True)

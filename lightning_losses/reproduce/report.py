@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import (
+from lightning_losses.reproduce.runner import (
     BINS_ARTIFACT,
     PR_ARTIFACT,
     SCALED_BINS_ARTIFACT,
@@ -27,7 +27,7 @@ from .runner import (
     read_metrics,
     run_seconds,
 )
-from .spec import (
+from lightning_losses.reproduce.spec import (
     LEVEL,
     MISSING,
     Claim,
@@ -169,7 +169,7 @@ def curves_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
     The histories are read with :func:`lightning_losses.tracking.metric_history`, so a
     resumed run draws its resumed values only.
     """
-    from ..tracking import metric_history
+    from lightning_losses.tracking import metric_history
 
     client = client_for(tracking_uri)
     plt = _pyplot()
@@ -193,7 +193,7 @@ def curves_figure(result: ClaimResult, tracking_uri: str, path: Path) -> bool:
 
 def reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
     """One test reliability diagram per variant (first seed), from the bins logged in MLflow."""
-    from ..calibration.diagram import reliability_diagram
+    from lightning_losses.calibration.diagram import reliability_diagram
 
     client = client_for(tracking_uri)
     plt = _pyplot()
@@ -216,7 +216,7 @@ def nll_curves_figure(result: ClaimResult, tracking_uri: str, path: Path) -> boo
 
     Nothing is drawn for a claim whose runs have no ``curve/test_nll`` history.
     """
-    from ..tracking import metric_history
+    from lightning_losses.tracking import metric_history
 
     client = client_for(tracking_uri)
     plt = _pyplot()
@@ -251,7 +251,7 @@ def best_variant(result: ClaimResult, metric: str, exclude: str = "ce") -> str |
 def scaling_reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
     """Test reliability diagrams of CE and of the loss with the lowest mean test ECE, before
     and after temperature scaling (first seed), from the bins logged in MLflow."""
-    from ..calibration.diagram import reliability_diagram
+    from lightning_losses.calibration.diagram import reliability_diagram
 
     best = best_variant(result, "rep/test_ece")
     runs = first_seed_runs(result)
@@ -348,7 +348,7 @@ def scale_figure(result: ClaimResult, path: Path) -> bool:
     The x values come from the variant names of the experiment file: ``temperature_<t>``
     (drawn at ``1 / t``) and ``normface_s<s>``.
     """
-    from ..functional import normface_min_scale
+    from lightning_losses.functional import normface_min_scale
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))

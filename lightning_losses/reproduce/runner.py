@@ -1,4 +1,4 @@
-"""Fit a variant (:func:`lightning_losses.cli.run_fit`) or reuse its run; log post-fit metrics.
+"""Fit a variant (:func:`lightning_losses.cli.fit.run_fit`) or reuse its run; log post-fit metrics.
 
 Each run is tagged ``claim``, ``variant``, ``seed``, ``epochs``, ``variant_fingerprint``, the
 code version that made it (``lightning_losses.code_version``, see
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from . import version
-from .spec import Claim, Variant, config_path
+from lightning_losses.reproduce import version
+from lightning_losses.reproduce.spec import Claim, Variant, config_path
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -170,7 +170,7 @@ def predict_logits(model: torch.nn.Module, datamodule: Any, split: str) -> tuple
 
 def multiclass_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     """Accuracy, NLL, ECE, Brier, mean confidence and confidence - accuracy of top-1."""
-    from ..calibration import brier_score, calibration_error, negative_log_likelihood
+    from lightning_losses.calibration import brier_score, calibration_error, negative_log_likelihood
 
     options = {"input_format": "logits", "task": "multiclass"}
     probs = torch.softmax(logits, dim=1)
@@ -189,7 +189,7 @@ def binary_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, floa
     """Rare-class PR-AUC, F1 at 0.5, recall at precision >= 0.9, ECE and NLL (sklearn)."""
     from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve
 
-    from ..calibration import calibration_error
+    from lightning_losses.calibration import calibration_error
 
     y = target.float().numpy()
     score = torch.sigmoid(logits).numpy()
@@ -222,7 +222,7 @@ SPLIT_METRICS = {"multiclass": multiclass_metrics, "binary": binary_metrics, "nm
 
 def reliability_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
     """Equal-width reliability bins of the top label on the test split."""
-    from ..calibration.functional import binned_statistics, confidence_and_correct
+    from lightning_losses.calibration.functional import binned_statistics, confidence_and_correct
 
     confidence, correct = confidence_and_correct(logits, target, input_format="logits")
     count, conf_sum, correct_sum = binned_statistics(confidence, correct, N_BINS)
@@ -266,7 +266,7 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
         if split == "test" and model.task == "binary":
             artifacts[PR_ARTIFACT] = pr_curve(logits, target)
     if model.task == "multiclass":
-        from ..calibration.scaling import fit_temperature
+        from lightning_losses.calibration.scaling import fit_temperature
 
         temperature = fit_temperature(*logits_of["val"])
         scaled = logits_of["test"][0] / temperature
@@ -306,8 +306,8 @@ def log_post_fit(
 def train_variant(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> str:
-    """Fit one run (:func:`~lightning_losses.cli.run_fit`), log its post-fit metrics; its id."""
-    from ..cli import run_fit
+    """Fit one run (:func:`~lightning_losses.cli.fit.run_fit`), log its post-fit metrics; its id."""
+    from lightning_losses.cli.fit import run_fit
 
     cli = run_fit(fit_args(claim, variant, seed, epochs, tracking_uri, out))
     run_id = cli.trainer.logger.run_id
@@ -324,7 +324,7 @@ def curve_summary(client: MlflowClient, run_id: str) -> dict[str, float]:
     ``test_nll_min`` and ``test_nll_rise`` (last - minimum, ``>= 0``) of
     :data:`TEST_NLL_CURVE`, read back from the run; nothing when the run has no such curve.
     """
-    from ..tracking import metric_history
+    from lightning_losses.tracking import metric_history
 
     history = [m.value for m in metric_history(client, run_id, TEST_NLL_CURVE)]
     if not history:
@@ -372,7 +372,7 @@ def read_metrics(client: MlflowClient, run_id: str) -> dict[str, float]:
     :func:`lightning_losses.tracking.final_metrics`: a resumed run's abandoned steps are
     left out.
     """
-    from ..tracking import final_metrics
+    from lightning_losses.tracking import final_metrics
 
     return final_metrics(client, client.get_run(run_id))
 

@@ -45,7 +45,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..compare.decide import MAX_SEEDS, Decision, decide, non_inferior
+from lightning_losses.compare.decide import MAX_SEEDS, Decision, decide, non_inferior
 
 #: Repository root: shipped configs are found relative to it from any working directory.
 REPOSITORY = Path(__file__).resolve().parents[2]

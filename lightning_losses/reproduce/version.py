@@ -78,6 +78,6 @@ def code_version() -> str:
         >>> code_version().startswith(lightning_losses.__version__ + "+src.")
         True
     """
-    from .. import __version__
+    from lightning_losses import __version__
 
     return f"{__version__}+src.{source_hash()[:HASH_DIGITS]}"

@@ -68,7 +68,7 @@ from lightning_losses.tracking.history import (
 from lightning_losses.tracking.logger import TrackingLogger
 from lightning_losses.tracking.params import flatten
 from lightning_losses.tracking.process import process_is_gone, process_tags
-from lightning_losses.tracking.replay import SpoolReplayError, sync_main, sync_paths, sync_tracking
+from lightning_losses.tracking.replay import SpoolReplayError, sync_tracking
 from lightning_losses.tracking.spool import SpoolLine, append_spool_record, read_spool
 from lightning_losses.tracking.store import (
     NOT_RANK_ZERO_URI,
@@ -155,8 +155,6 @@ __all__ = [
     "same_store",
     "sqlite_file",
     "store_lock",
-    "sync_main",
-    "sync_paths",
     "sync_tracking",
     "view_command",
     "without_password",

@@ -11,7 +11,6 @@ import hashlib
 import os
 import sqlite3
 import stat
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import closing
@@ -492,7 +491,7 @@ def _replay_line(replay: _Replay, record: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _spools(given: Path) -> list[Path]:
+def spools_in(given: Path) -> list[Path]:
     """The spool files a ``sync-tracking`` argument names (a file, or the spools in a folder).
 
     Raises:
@@ -508,64 +507,6 @@ def _spools(given: Path) -> list[Path]:
     return [given]
 
 
-def _summary(done: Mapping[str, int]) -> str:
+def replay_summary(done: Mapping[str, int]) -> str:
     """``'3 metrics, 1 tags'``-style text of replay counts."""
     return ", ".join(f"{n} {kind}" for kind, n in sorted(done.items())) or "nothing"
-
-
-def sync_main(argv: Sequence[str] | None = None) -> int:
-    """``lightning-losses sync-tracking PATH [PATH ...] [--tracking-uri URI]``.
-
-    The options are parsed by :func:`lightning_losses.commands.sync_tracking_parser` (light:
-    the console script answers ``--help`` from it without importing this module); the spools
-    are replayed by :func:`sync_paths`.
-
-    Returns:
-        0 when every spool was replayed whole; 1 when a path holds no spool or a spool had
-        lines that were not replayed (each named on stderr by its line number).
-    """
-    from lightning_losses.commands import sync_tracking_parser
-
-    args = sync_tracking_parser().parse_args(None if argv is None else list(argv))
-    return sync_paths(args.paths, args.tracking_uri)
-
-
-def sync_paths(paths: Sequence[str | Path], tracking_uri: str | None = None) -> int:
-    """Replay every spool in ``paths`` (spool files or folders holding them); print a summary.
-
-    Args:
-        paths: spool files (``tracking-spool.jsonl``) or folders searched for them.
-        tracking_uri: the store to replay into; ``None``: the store each spool recorded, if
-            :func:`sync_tracking` accepts it.
-
-    Returns:
-        0 when every spool was replayed whole; 1 when a path holds no spool or a spool had
-        lines that were not replayed (each named on its own stderr line by its number) or
-        was refused whole.
-    """
-    from lightning_losses.commands import PROG
-
-    prog = f"{PROG} sync-tracking"
-    status = 0
-    for given in paths:
-        try:
-            spools = _spools(Path(given))
-        except OSError as error:
-            print(f"{prog}: error: {error}", file=sys.stderr)
-            status = 1
-            continue
-        for spool in spools:
-            try:
-                done = sync_tracking(spool, tracking_uri)
-            except SpoolReplayError as error:
-                print(f"{spool}: replayed {_summary(error.done)}")
-                for line in str(error).splitlines():  # a summary, then one line per problem
-                    print(f"{prog}: error: {spool}: {line}", file=sys.stderr)
-                status = 1
-                continue
-            except (OSError, RuntimeError, ValueError) as error:
-                print(f"{prog}: error: {spool}: {error}", file=sys.stderr)
-                status = 1
-                continue
-            print(f"{spool}: replayed {_summary(done)}")
-    return status

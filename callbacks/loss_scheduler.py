@@ -1,0 +1,629 @@
+"""``LossScheduler``: set a criterion hyper-parameter from a schedule of training progress."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, NamedTuple
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from lightning_losses.callbacks.loss_switch import LossSwitch
+from lightning_losses.callbacks.schedules import (
+    Boundary,
+    CosineSchedule,
+    Extreme,
+    LinearSchedule,
+    Schedule,
+    check_boundary,
+    check_order,
+    check_real,
+)
+
+_INTERVALS = ("step", "epoch")
+_SHAPES = {"linear": LinearSchedule, "cosine": CosineSchedule}
+
+
+def hyperparameter_names(criterion: Any) -> list[str]:
+    """The names a schedule may set on ``criterion``, for error messages.
+
+    The keys of ``criterion.hyperparameters()`` when it has that method (the loss modules of
+    this package do), otherwise its public numeric attributes.
+
+    Example:
+        >>> from lightning_losses import GammaCrossEntropyLoss
+        >>> hyperparameter_names(GammaCrossEntropyLoss())
+        ['gamma', 'threshold', 'label_smoothing']
+    """
+    method = getattr(criterion, "hyperparameters", None)
+    if callable(method):
+        return list(method())
+    return sorted(
+        name
+        for name, value in getattr(criterion, "__dict__", {}).items()
+        if not name.startswith("_")
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    )
+
+
+def criterion_names(criterion: Any) -> set[str]:
+    """The names a ``losses=[...]`` scope matches ``criterion`` by.
+
+    Its class name and every registry name of its class.
+
+    Example:
+        >>> from lightning_losses import FocalLoss
+        >>> sorted(criterion_names(FocalLoss()))
+        ['FocalLoss', 'focal']
+    """
+    from lightning_losses.registry import available_losses, loss_class
+
+    cls = type(criterion)
+    return {cls.__name__} | {name for name in available_losses() if loss_class(name) is cls}
+
+
+def _check_scope(name: str, values: Any, kind: type) -> list | None:
+    """``values`` as a list of ``kind`` (``None`` stays ``None``); ``ValueError`` otherwise."""
+    if values is None:
+        return None
+    if isinstance(values, (str, int)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(
+            f"{name} must be a non-empty list of {kind.__name__}s or None; got {values!r}"
+        )
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{name}[{i}] must be a {kind.__name__}; got {value!r}")
+        if kind is int and value < 0:
+            raise ValueError(
+                f"{name}[{i}] must be a LossSwitch criteria index (>= 0); got {value!r}"
+            )
+    return list(values)
+
+
+class _Target(NamedTuple):
+    """A criterion a schedule acts on, and the progress window where it is used."""
+
+    criterion: Any
+    first: float
+    last: float
+    label: str  # "" for the model's own criterion, else the LossSwitch phase
+
+
+class LossScheduler(Callback):
+    """Set ``pl_module.criterion.<attribute>`` from a schedule of training progress.
+
+    With ``interval="step"``, before each training batch::
+
+        criterion.<attribute> = schedule(trainer.global_step, trainer.estimated_stepping_batches)
+
+    With ``interval="epoch"``, at each epoch start and again before each batch (Lightning does
+    not start an epoch that a resumed run continues, and a
+    :class:`~lightning_losses.callbacks.LossSwitch` may have swapped the criterion)::
+
+        criterion.<attribute> = schedule(trainer.current_epoch, trainer.max_epochs)
+
+    The value is logged as ``schedule/<attribute>``, per step or per epoch, unless the module
+    logs ``criterion/<attribute>`` itself (as
+    :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does in training for the attributes
+    that a schedule names in :meth:`changed_hyperparameters`): one metric per quantity. It is
+    recomputed from the trainer's progress each time, like Lightning's
+    ``GradientAccumulationScheduler``,
+    so a run resumed from a checkpoint continues the schedule exactly; no value is taken from
+    the checkpoint.
+
+    The total is ``trainer.estimated_stepping_batches`` (steps) or ``trainer.max_epochs``; it
+    only matters for boundaries given as fractions. The total the schedule was timed with is
+    saved in checkpoints (``total``): a run resumed with another length of training (another
+    ``max_epochs`` or ``max_steps``) warns once, naming both totals, because its fraction
+    boundaries then fall on other steps. Boundaries given as ``int`` (absolute steps or
+    epochs) do not depend on the total and keep their timing without a warning.
+
+    Checked before any training step: in ``setup("fit")``, that the LightningModule has a
+    ``criterion`` (see :class:`lightning_losses.lightning.mixin.LossMixin`) with ``attribute``; then
+    that every value bounding the schedule over training
+    (:meth:`~lightning_losses.callbacks.schedules.Schedule.extremes`: the start and end values,
+    each value of a step schedule, up to the end of training inclusive) passes the criterion's
+    ``check_hyperparameters()`` when it has one. With a
+    :class:`~lightning_losses.callbacks.LossSwitch`, each of its criteria is checked, with the
+    values of the epochs where it is used. A failure is a ``ValueError`` naming this callback,
+    the attribute, the value and where the schedule reaches it. The values are checked in
+    ``on_fit_start`` (before the sanity check) for an epoch schedule, or a step schedule whose
+    training data is loaded already; otherwise when the sanity check starts, or without one
+    when training starts: reading ``estimated_stepping_batches`` earlier would load the
+    training data before Lightning restores a resumed run's loader position.
+
+    The schedule replaces whatever value the criterion was given. When that value differs
+    from the schedule's where it takes over (e.g. ``FocalLoss(gamma=2.0)`` under
+    ``GammaAnnealing(start=0.0)``, or a :class:`~lightning_losses.callbacks.LossSwitch` stage
+    ``{"name": "focal", "gamma": 2.0}``), a warning says so once, before the first training
+    step, naming this callback, the criterion, the value given and the value set. To leave a
+    criterion alone, scope the schedule: ``stages=[1]`` acts only on ``LossSwitch`` criteria
+    ``[1]``, ``losses=["gamma_ce"]`` only on criteria of those losses (registry or class
+    names). Out of its scope the schedule sets and logs nothing; a scope that matches no
+    criterion of the run is an error at set-up.
+
+    Args:
+        attribute: the criterion's hyper-parameter to set, e.g. ``"gamma"``.
+        schedule: a :class:`~lightning_losses.callbacks.schedules.Schedule` (or any callable
+            ``schedule(progress, total) -> float``).
+        interval: ``"step"`` (progress is the global step) or ``"epoch"``.
+        stages: act only on these :class:`~lightning_losses.callbacks.LossSwitch` criteria
+            (indices into its ``criteria``); needs a ``LossSwitch``. ``None``: every stage.
+        losses: act only on criteria of these losses (registry names such as ``"focal"`` or
+            class names such as ``"FocalLoss"``). ``None``: any criterion.
+
+    Example:
+        >>> from lightning_losses.callbacks import LinearSchedule
+        >>> scheduler = LossScheduler("gamma", LinearSchedule(0.0, 1.0, end=0.5))
+        >>> scheduler.state_key
+        "LossScheduler{'attribute': 'gamma'}"
+        >>> scheduler.schedule(250, 1000)
+        0.5
+    """
+
+    def __init__(
+        self,
+        attribute: str,
+        schedule: Schedule,
+        interval: str = "step",
+        stages: list[int] | None = None,
+        losses: list[str] | None = None,
+    ) -> None:
+        if not isinstance(attribute, str) or not attribute.isidentifier():
+            raise ValueError(f"attribute must be an attribute name; got {attribute!r}")
+        if not callable(schedule):
+            raise ValueError(
+                f"schedule must be callable as schedule(progress, total); got {schedule!r}"
+            )
+        if interval not in _INTERVALS:
+            raise ValueError(f"interval must be one of {_INTERVALS}; got {interval!r}")
+        self.attribute = attribute
+        self.schedule = schedule
+        self.interval = interval
+        self.stages = _check_scope("stages", stages, int)
+        self.losses = _check_scope("losses", losses, str)
+        #: The value set last; saved in checkpoints for information only (resuming recomputes it).
+        self.last_value: float | None = None
+        #: The total the schedule is timed with (set when fitting starts; saved in checkpoints).
+        self.total: float | None = None
+        self._saved_total: float | None = None
+        self._checked = False
+        self._value: float | None = None  # set for the current batch, logged at its end
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(attribute=self.attribute)
+
+    def changed_hyperparameters(self) -> set[str]:
+        """``{attribute}``: the criterion hyper-parameter this schedule changes.
+
+        :class:`~lightning_losses.lightning.mixin.LossMixin` logs the hyper-parameters that some
+        callback names here as ``criterion/<name>`` metrics; the constant ones stay params.
+
+        Example:
+            >>> GammaAnnealing().changed_hyperparameters()
+            {'gamma'}
+        """
+        return {self.attribute}
+
+    def _criterion(self, pl_module: pl.LightningModule) -> Any:
+        """``pl_module.criterion``, checked to have ``attribute``; ``ValueError`` otherwise."""
+        criterion = getattr(pl_module, "criterion", None)
+        if criterion is None:
+            raise ValueError(
+                f"{type(self).__name__} sets criterion.{self.attribute}, but "
+                f"{type(pl_module).__name__} has no criterion: mix in "
+                "lightning_losses.lightning.mixin.LossMixin and call self.set_criterion(...), or set "
+                "self.criterion in __init__"
+            )
+        self._check_attribute(criterion, "")
+        return criterion
+
+    def _check_attribute(self, criterion: Any, label: str) -> None:
+        """``ValueError`` unless ``criterion`` has the (non-method) ``attribute``."""
+        if hasattr(criterion, self.attribute) and not callable(getattr(criterion, self.attribute)):
+            return
+        names = hyperparameter_names(criterion)
+        listed = ", ".join(names) if names else "(none)"
+        where = f" of {label}" if label else ""
+        raise ValueError(
+            f"{type(self).__name__} cannot schedule {self.attribute!r}: the criterion "
+            f"{type(criterion).__name__}{where} has no hyper-parameter {self.attribute!r}; "
+            f"its hyper-parameters are: {listed}"
+        )
+
+    def _total(self, trainer: pl.Trainer) -> float | None:
+        """The total of the interval: estimated stepping batches, or ``max_epochs`` if set."""
+        if self.interval == "step":
+            return trainer.estimated_stepping_batches
+        max_epochs = trainer.max_epochs
+        return max_epochs if max_epochs is not None and max_epochs >= 0 else None
+
+    def _progress(self, trainer: pl.Trainer) -> tuple[float, float | None]:
+        """``(progress, total)`` for the interval."""
+        progress = trainer.global_step if self.interval == "step" else trainer.current_epoch
+        return progress, self._total(trainer)
+
+    def _schedule_error(self, error: ValueError, trainer: pl.Trainer, total: Any) -> ValueError:
+        """``error`` of the schedule, prefixed with this callback and where its total came from."""
+        source = (
+            f"trainer.global_step, total is trainer.estimated_stepping_batches={total!r}"
+            if self.interval == "step"
+            else f"trainer.current_epoch, total is trainer.max_epochs={trainer.max_epochs!r}"
+        )
+        return ValueError(
+            f"{type(self).__name__}({self.attribute!r}, interval={self.interval!r}): {error} "
+            f"(progress is {source})"
+        )
+
+    def _stage(self, trainer: pl.Trainer) -> int | None:
+        """The current :class:`LossSwitch` criteria index; ``None`` without a switch."""
+        for callback in trainer.callbacks:
+            if isinstance(callback, LossSwitch):
+                return callback.index(trainer.current_epoch)
+        return None
+
+    def _in_scope(self, criterion: Any, stage: int | None) -> bool:
+        """Whether ``criterion`` (of LossSwitch stage ``stage``) is in ``stages``/``losses``."""
+        if self.stages is not None and stage not in self.stages:
+            return False
+        return self.losses is None or bool(criterion_names(criterion) & set(self.losses))
+
+    def _scope_text(self) -> str:
+        """``" (only LossSwitch criteria [1])"``, ``" (only losses ['focal'])"`` or ``""``."""
+        parts = []
+        if self.stages is not None:
+            parts.append(f"only LossSwitch criteria {self.stages}")
+        if self.losses is not None:
+            parts.append(f"only losses {self.losses}")
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    def _set(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float | None:
+        """Compute the value for the current progress and set it on the criterion.
+
+        Returns ``None`` (and sets nothing) when the current criterion is out of scope.
+        """
+        criterion = getattr(pl_module, "criterion", None)
+        if criterion is not None and not self._in_scope(criterion, self._stage(trainer)):
+            return None
+        criterion = self._criterion(pl_module)
+        progress, total = self._progress(trainer)
+        try:
+            value = float(self.schedule(progress, total))
+        except ValueError as error:
+            raise self._schedule_error(error, trainer, total) from error
+        setattr(criterion, self.attribute, value)
+        self.last_value = value
+        return value
+
+    def _steps_per_epoch(self, trainer: pl.Trainer) -> int | None:
+        """Optimizer steps per epoch, or ``None`` when the epoch length is unknown."""
+        batches = trainer.num_training_batches
+        if not math.isfinite(batches):
+            return None
+        return math.ceil(batches / trainer.accumulate_grad_batches)
+
+    def _targets(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, total: float | None
+    ) -> list[_Target]:
+        """The criteria the schedule will act on, each with its window of progress.
+
+        The model's criterion over ``[0, total]``; with a :class:`LossSwitch`, instead, each of
+        its criteria over the steps (or epochs) of its phase that lie in training.
+        """
+        end = math.inf if total is None else total
+        switches = [c for c in trainer.callbacks if isinstance(c, LossSwitch)]
+        if not switches:
+            criterion = self._criterion(pl_module)
+            return [_Target(criterion, 0, end, "")] if self._in_scope(criterion, None) else []
+        per_epoch = 1 if self.interval == "epoch" else self._steps_per_epoch(trainer)
+        targets = []
+        for switch in switches:
+            for index, criterion in enumerate(switch.modules):
+                first_epoch, stop_epoch = switch.epochs(index)
+                first, last = 0, end
+                if per_epoch is not None:
+                    first = first_epoch * per_epoch
+                    if stop_epoch is not None:
+                        last = min(stop_epoch * per_epoch - 1, end)
+                if not self._in_scope(criterion, index):
+                    continue
+                if first == 0 or first < end:
+                    targets.append(_Target(criterion, first, last, switch.describe(index)))
+        return targets
+
+    def _extremes(self, first: float, last: float, total: float | None) -> list[Extreme]:
+        """The values bounding the schedule over ``[first, last]`` (a plain callable: its ends)."""
+        if isinstance(self.schedule, Schedule):
+            return self.schedule.extremes(first, last, total)
+        ends = [first] if not math.isfinite(last) else [first, last]
+        return [(p, float(self.schedule(p, total))) for p in ends]
+
+    def _where(self, progress: float, total: float | None) -> str:
+        """``"step 12"``, ``"epoch 20 (the end of training)"``, ..."""
+        if not math.isfinite(progress):
+            return "the end of training"
+        text = f"{self.interval} {int(progress)}"
+        return f"{text} (the end of training)" if progress == total else text
+
+    def _check_values(self, trainer: pl.Trainer, target: _Target, total: float | None) -> None:
+        """Each value bounding the schedule in ``target``'s window passes its criterion's check.
+
+        The values are set on a copy of the criterion and checked with its
+        ``check_hyperparameters()``; a criterion without that method is not checked (but the
+        schedule's boundaries are still resolved, so a fraction without a total fails here).
+        """
+        try:
+            extremes = self._extremes(target.first, target.last, total)
+        except ValueError as error:
+            raise self._schedule_error(error, trainer, total) from error
+        if not callable(getattr(target.criterion, "check_hyperparameters", None)):
+            return
+        probe = copy.deepcopy(target.criterion)
+        for progress, value in extremes:
+            setattr(probe, self.attribute, float(value))
+            try:
+                probe.check_hyperparameters()
+            except (ValueError, TypeError) as error:
+                where = f" of {target.label}" if target.label else ""
+                raise ValueError(
+                    f"{type(self).__name__} (criterion.{self.attribute}): the schedule reaches "
+                    f"{self.attribute}={float(value)!r} at {self._where(progress, total)}, but "
+                    f"{type(target.criterion).__name__}{where} rejects it: {error}"
+                ) from error
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        switched = any(isinstance(c, LossSwitch) for c in trainer.callbacks)
+        if self.stages is not None and not switched:
+            raise ValueError(
+                f"{type(self).__name__}(stages={self.stages}) scopes the schedule to LossSwitch "
+                "criteria, but the trainer has no LossSwitch callback; use losses=[...] to "
+                "scope it to a loss, or leave stages=None"
+            )
+        if switched:  # the switch's criteria are checked in _check, once they are built
+            if getattr(pl_module, "criterion", None) is None:
+                self._criterion(pl_module)
+            return
+        criterion = getattr(pl_module, "criterion", None)
+        if criterion is not None and not self._in_scope(criterion, None):
+            raise ValueError(
+                f"{type(self).__name__}(losses={self.losses}) acts on no criterion of this run: "
+                f"{type(pl_module).__name__}.criterion is {type(criterion).__name__} (names "
+                f"{sorted(criterion_names(criterion))}); add one of those names to losses"
+            )
+        self._criterion(pl_module)
+
+    def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Record the total and check the schedule against every criterion it will act on.
+
+        Also warns, once, about each criterion whose given value the schedule replaces.
+        """
+        if self._checked:
+            return
+        self._checked = True
+        total = self._total(trainer)
+        self.total = total
+        targets = self._targets(trainer, pl_module, total)
+        if not targets:
+            raise ValueError(
+                f"{type(self).__name__}{self._scope_text()} acts on no criterion of this run: "
+                "no LossSwitch criterion used in training is in its scope"
+            )
+        replaced = []
+        for target in targets:
+            self._check_attribute(target.criterion, target.label)
+            self._check_values(trainer, target, total)
+            given = getattr(target.criterion, self.attribute)
+            first = float(self.schedule(target.first, total))
+            if isinstance(given, (int, float)) and float(given) != first:
+                name = target.label or type(target.criterion).__name__
+                replaced.append(
+                    f"{name} was given {self.attribute}={given!r}, the schedule sets "
+                    f"{first!r} at {self._where(target.first, total)}"
+                )
+        if replaced:
+            rank_zero_warn(
+                f"{type(self).__name__} sets criterion.{self.attribute} from its schedule, "
+                f"replacing the value given: {'; '.join(replaced)}. To leave a criterion's "
+                "value alone, scope the schedule with stages=[...] (LossSwitch criteria "
+                "indices) or losses=[...] (loss names)."
+            )
+
+    def describe(self) -> str:
+        """One line for the fit summary: the attribute, the schedule, the interval, the scope.
+
+        Example:
+            >>> from lightning_losses.callbacks import ConstantSchedule
+            >>> LossScheduler("gamma", ConstantSchedule(2.0), losses=["focal"]).describe()[-32:]
+            "per step (only losses ['focal'])"
+        """
+        return (
+            f"{type(self).__name__}: criterion.{self.attribute} = {self.schedule!r} per "
+            f"{self.interval}{self._scope_text()}"
+        )
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Check now if the total is known without loading the training data early.
+
+        A step schedule's total, ``trainer.estimated_stepping_batches``, loads the training
+        data when it is not loaded yet; here, before Lightning restores the loops of a
+        resumed run, that would lose the restored position of a resumable loader. Such a
+        check waits for the sanity check or, without one, for the start of training: still
+        before the first training step.
+        """
+        self._checked = False
+        if self.interval == "epoch" or trainer.train_dataloader is not None:
+            self._check(trainer, pl_module)
+
+    @override
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer, pl_module)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Check (if not done yet), then warn once if the schedule's total has changed."""
+        self._check(trainer, pl_module)
+        saved, self._saved_total = self._saved_total, None
+        if saved is None or saved == self.total:
+            return
+        if not getattr(self.schedule, "uses_fractions", True):
+            return
+        unit = "steps" if self.interval == "step" else "epochs"
+        source = "trainer.max_epochs"
+        if self.interval == "step":
+            source = "trainer.estimated_stepping_batches"
+        rank_zero_warn(
+            f"{type(self).__name__} (criterion.{self.attribute}): the checkpoint's schedule "
+            f"was timed for a total of {saved!r} {unit} ({source}), this run's total is "
+            f"{self.total!r}; the schedule {self.schedule!r} has boundaries given as fractions "
+            "of training, so from the resumed step on they fall on other steps and its values "
+            "change. To keep its timing when the length of training changes, give the "
+            f"boundaries as ints (absolute {unit}): int boundaries do not depend on the total."
+        )
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.interval == "epoch":
+            self._set(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._value = self._set(trainer, pl_module)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Log the value set for this batch, unless the module logs it itself.
+
+        A module that logs ``criterion/<attribute>`` in its training step (as
+        :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does) already records the
+        value: one metric per quantity.
+        """
+        value, self._value = self._value, None
+        if value is None or f"criterion/{self.attribute}" in trainer.callback_metrics:
+            return
+        per_step = self.interval == "step"
+        pl_module.log(
+            f"schedule/{self.attribute}",
+            value,
+            on_step=per_step,
+            on_epoch=not per_step,
+            batch_size=1,
+            # The same value on every process: an epoch value reduced with max is exact (and
+            # Lightning does not warn about an unsynchronized epoch metric).
+            sync_dist=not per_step,
+            reduce_fx="max",
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "attribute": self.attribute,
+            "interval": self.interval,
+            "last_value": self.last_value,
+            "total": self.total,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        last_value = state_dict.get("last_value")
+        self.last_value = None if last_value is None else float(last_value)
+        self._saved_total = state_dict.get("total")
+
+
+class GammaAnnealing(LossScheduler):
+    """Anneal ``criterion.gamma`` from ``start`` to ``end`` between ``begin`` and ``until``.
+
+    TaiLr
+    (Su Jianlin, "A simple remedy for the overconfidence of cross-entropy")
+    anneals the gamma of its gamma cross-entropy
+    (:class:`lightning_losses.GammaCrossEntropyLoss`) from 0 (cross-entropy) towards 1 (the
+    expected error ``1 - p_t``). With ``f = clamp((p - begin) / (until - begin), 0, 1)``::
+
+        linear:  gamma = start + (end - start) * f
+        cosine:  gamma = end + (start - end) * (1 + cos(pi f)) / 2
+
+    Args:
+        start: gamma up to ``begin``.
+        end: gamma from ``until`` on.
+        begin: where annealing begins: an absolute step or epoch (``int``) or a fraction of
+            training (``float`` in ``[0, 1]``). Ints keep their timing when a resumed run
+            changes the length of training; fractions move (with a warning, see
+            :class:`LossScheduler`).
+        until: where it ends, after ``begin``; same forms.
+        shape: ``"linear"`` or ``"cosine"``.
+        interval: ``"step"`` or ``"epoch"`` (see :class:`LossScheduler`).
+        stages: act only on these :class:`~lightning_losses.callbacks.LossSwitch` criteria
+            (see :class:`LossScheduler`); ``None``: every stage.
+        losses: act only on criteria of these losses, e.g. ``["gamma_ce"]``; ``None``: any.
+
+    Example:
+        >>> annealing = GammaAnnealing(start=0.0, end=1.0, begin=0, until=0.5)
+        >>> annealing.schedule
+        LinearSchedule(start_value=0.0, end_value=1.0, start=0, end=0.5)
+        >>> annealing.schedule(100, total=1000), annealing.schedule(600, total=1000)
+        (0.2, 1.0)
+    """
+
+    def __init__(
+        self,
+        start: float = 0.0,
+        end: float = 1.0,
+        begin: Boundary = 0,
+        until: Boundary = 1.0,
+        shape: str = "linear",
+        interval: str = "step",
+        stages: list[int] | None = None,
+        losses: list[str] | None = None,
+    ) -> None:
+        if shape not in _SHAPES:
+            raise ValueError(f"shape must be one of {tuple(_SHAPES)}; got {shape!r}")
+        check_real("start", start)
+        check_real("end", end)
+        check_boundary("begin", begin)
+        check_boundary("until", until)
+        check_order("begin", begin, "until", until)
+        schedule = _SHAPES[shape](start, end, start=begin, end=until)
+        super().__init__("gamma", schedule, interval, stages=stages, losses=losses)
+        self.start = start
+        self.end = end
+        self.begin = begin
+        self.until = until
+        self.shape = shape
+
+    def _boundary_text(self, boundary: Boundary) -> str:
+        """``"step 0"`` for an int boundary, ``"50% of training"`` for a fraction."""
+        if isinstance(boundary, int):
+            return f"{self.interval} {boundary}"
+        return f"{boundary:.0%} of training"
+
+    @override
+    def describe(self) -> str:
+        """One line for the fit summary.
+
+        Example:
+            >>> GammaAnnealing(0.0, 1.0, begin=0, until=0.5).describe()
+            'GammaAnnealing: gamma 0.0 -> 1.0, linear, from step 0 to 50% of training'
+        """
+        return (
+            f"GammaAnnealing: gamma {self.start!r} -> {self.end!r}, {self.shape}, from "
+            f"{self._boundary_text(self.begin)} to {self._boundary_text(self.until)}"
+            f"{self._scope_text()}"
+        )
