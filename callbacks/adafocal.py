@@ -11,14 +11,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.callbacks.calibration import (
-    all_gather_uneven,
-    artifact_loggers,
-    calibration_inputs,
-    figure_folder,
-)
-from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec
+from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.gather import all_gather_uneven
+from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.adafocal import adafocal_update, check_adafocal_update
+from lightning_losses.functional.checks import check_int
+from lightning_losses.warning import LightningLossesWarning
 
 
 def adafocal_criterion(pl_module: pl.LightningModule) -> Any:
@@ -120,12 +118,7 @@ class AdaFocalUpdate(Callback):
         check_adafocal_update(lambda_, switch_point, gamma_min, gamma_max)
         self._read = OutputAdapter(outputs, owner="AdaFocalUpdate")
         self.outputs = outputs
-        if isinstance(diagram_every_n_epochs, bool) or not isinstance(diagram_every_n_epochs, int):
-            raise TypeError(
-                f"diagram_every_n_epochs must be an integer; got {diagram_every_n_epochs!r}"
-            )
-        if diagram_every_n_epochs < 0:
-            raise ValueError(f"diagram_every_n_epochs must be >= 0; got {diagram_every_n_epochs}")
+        diagram_every_n_epochs = check_int("diagram_every_n_epochs", diagram_every_n_epochs, low=0)
         self.lambda_ = float(lambda_)
         self.switch_point = float(switch_point)
         self.gamma_min = float(gamma_min)
@@ -212,7 +205,10 @@ class AdaFocalUpdate(Callback):
         confidence = all_gather_uneven(trainer.strategy, confidence)
         correct = all_gather_uneven(trainer.strategy, correct)
         if confidence.numel() == 0:
-            rank_zero_warn("AdaFocalUpdate: the validation epoch had no samples; gammas unchanged")
+            rank_zero_warn(
+                "AdaFocalUpdate: the validation epoch had no samples; gammas unchanged",
+                category=LightningLossesWarning,
+            )
             return
         criterion = adafocal_criterion(pl_module)
         edges = equal_mass_edges(confidence, criterion.gammas.numel())
@@ -254,7 +250,8 @@ class AdaFocalUpdate(Callback):
         if self.updates == 0:
             rank_zero_warn(
                 "AdaFocalUpdate made no update in this fit (no validation epoch ran): the "
-                "criterion trained as focal loss with its initial gammas"
+                "criterion trained as focal loss with its initial gammas",
+                category=LightningLossesWarning,
             )
         if self.final_diagram and last is not None and not last[2] and trainer.is_global_zero:
             self._draw(trainer, last[0], last[1])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,8 +15,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec
-from lightning_losses.functional._validation import check_flag, sum_tolerances
+from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.gather import all_gather_uneven
+from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
+from lightning_losses.functional.checks import check_flag, sum_tolerances
+from lightning_losses.warning import LightningLossesWarning
 
 STAGES = ("val", "test")
 #: Names under which a module may log a quantity the monitor computes (the monitor then leaves
@@ -25,63 +27,6 @@ STAGES = ("val", "test")
 ALIASES = {"accuracy": ("accuracy", "acc")}
 #: What a diagram is drawn from: the equal-width bins, and the smooth ECE's grid (or None).
 DiagramState = tuple[tuple[Tensor, ...], tuple[Tensor, Tensor] | None]
-
-
-def calibration_inputs(
-    outputs: Any, pl_module: pl.LightningModule, adapter: OutputAdapter | None = None
-) -> tuple[Tensor, Tensor]:
-    """``(logits, target)`` from a ``validation_step`` output, reshaped for the metrics.
-
-    ``adapter`` reads them (:class:`~lightning_losses.callbacks.outputs.OutputAdapter`; ``None``
-    reads the default ``{"logits", "target"}`` dict). ``[N, n, m]`` logits of n-by-m tasks
-    become ``[N * n, m]`` with ``[N * n]`` targets (each task is a multiclass prediction);
-    everything else is passed as it is.
-    """
-    read = adapter if adapter is not None else OutputAdapter(owner="CalibrationMonitor")
-    logits, target = read(outputs, type(pl_module).__name__)
-    if logits.dim() == 3 and target.dim() == 2:
-        logits, target = logits.flatten(0, 1), target.flatten()
-    return logits, target
-
-
-def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tensor:
-    """Every process's ``tensor`` concatenated along dim 0, whatever its length on each process.
-
-    ``strategy.all_gather`` needs the same shape everywhere; here the lengths are gathered
-    first, each process pads its tensor to the longest with zeros, the padded tensors are
-    gathered, and each process's padding is cut off again: the result is the rank-0 rows, then
-    the rank-1 rows, and so on, on every process. The trailing dimensions and the dtype must be
-    the same on every process. With one process the tensor is returned as it is.
-    """
-    if strategy.world_size == 1:
-        return tensor
-    length = torch.tensor(tensor.shape[0], device=tensor.device)
-    lengths = strategy.all_gather(length).flatten().tolist()
-    padded = tensor.new_zeros((max(lengths), *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    gathered = strategy.all_gather(padded)  # [world_size, longest, ...]
-    return torch.cat([rows[:n] for rows, n in zip(gathered, lengths, strict=True)])
-
-
-def figure_folder(trainer: pl.Trainer) -> Path:
-    """``<run folder>/calibration``: the TrackingLogger's run folder, else the log dir."""
-    run_dir = getattr(trainer.logger, "local_run_dir", None)  # TrackingLogger's run folder
-    return Path(run_dir or trainer.log_dir or trainer.default_root_dir) / "calibration"
-
-
-def artifact_loggers(trainer: pl.Trainer) -> list[Any]:
-    """One ``log(path, artifact_path=...)`` per logger that stores files (MLflow's)."""
-    found = []
-    for logger in trainer.loggers:
-        log_file = getattr(logger, "log_file", None)  # TrackingLogger: spools on failure
-        if callable(log_file):
-            found.append(log_file)
-            continue
-        run_id = getattr(logger, "run_id", None)
-        log_artifact = getattr(getattr(logger, "experiment", None), "log_artifact", None)
-        if run_id is not None and callable(log_artifact):  # a plain MLFlowLogger
-            found.append(functools.partial(log_artifact, run_id))
-    return found
 
 
 def _draw(
@@ -139,7 +84,18 @@ class CalibrationMonitor(Callback):
     of test wait for the pending diagrams, so they are logged before the logger closes the run.
 
     Every metric comes from one :class:`~lightning_losses.calibration.CalibrationSummary`, one
-    pass per validation batch.
+    pass per validation batch. Its NLL and accuracy are by-products of that pass, not a second
+    evaluation: for multiclass logits the NLL terms come out of the float64 log-softmax that
+    the Brier score needs (:func:`~lightning_losses.functional.evaluation.log_softmax_nll`,
+    the one home of the formula that the module's own ``val/nll`` uses too) and the accuracy
+    is the top-label hit that the ECE bins need; binary and multi-label logits add one
+    elementwise binary cross-entropy over the labels
+    (:func:`~lightning_losses.functional.evaluation.nll_terms`). So the monitor always
+    computes them, also when the module logs them itself (it then only leaves the names to the
+    module, see below), and never reads the module's values instead: a plain LightningModule
+    need not log them, :class:`~lightning_losses.lightning.classifier.ClassifierModule` logs
+    float32 terms, and the bootstrap intervals of ``nll`` and ``accuracy`` need the float64
+    per-sample terms.
 
     Error bars: with ``debiased=True`` it also logs ``<stage>/ece_debiased`` and
     ``<stage>/rmsce_debiased`` (the debiased ECE and l2 calibration error of Kumar, Liang and
@@ -150,15 +106,15 @@ class CalibrationMonitor(Callback):
     only on ``(seed, sample position)``; the reliability diagram then draws each bin's Wilson
     interval of its accuracy at ``level``. Sample positions are counted per process in loader
     order (``rank + world_size * k`` for the ``k``-th sample of a process): the dataset
-    position under :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler` and Lightning's
-    default unshuffled evaluation sampler, so the intervals are then the same on any number of
-    processes (see :class:`~lightning_losses.calibration.CalibrationSummary`).
+    position under :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler` and
+    Lightning's default unshuffled evaluation sampler, so the intervals are then the same on
+    any number of processes (see :class:`~lightning_losses.calibration.CalibrationSummary`).
 
     Names the module logs itself are the module's: the monitor never logs a key that something
-    else logs for the stage. :class:`~lightning_losses.lightning.classifier.ClassifierModule` logs its own
-    ``val/nll`` (what the example configs' ``ModelCheckpoint`` monitors), so with it the
-    monitor leaves ``val/nll`` alone, and ``val/accuracy`` too since the module logs it as
-    ``val/acc``; it logs the five others. It recognises those keys as the
+    else logs for the stage. :class:`~lightning_losses.lightning.classifier.ClassifierModule`
+    logs its own ``val/nll`` (what the example configs' ``ModelCheckpoint`` monitors), so with
+    it the monitor leaves ``val/nll`` alone, and ``val/accuracy`` too since the module logs it
+    as ``val/acc``; it logs the five others. It recognises those keys as the
     keys of ``trainer.callback_metrics`` it did not log itself: the ones logged in
     ``validation_step`` / ``test_step`` as its epoch ends, and the ones logged in the module's
     own epoch-end hooks (which run after the callbacks') at the end of each evaluation, the
@@ -168,7 +124,7 @@ class CalibrationMonitor(Callback):
     so before any training step) and test epoch is checked: values in [0, 1] and, for
     multiclass ``[N, C]``, rows that sum to 1 (within the calibration functions' tolerance:
     1e-3 for float32 and float64, 3.9e-3 for float16 and 0.031 for bfloat16 values, also when
-    cast to a wider dtype; see :func:`~lightning_losses.functional._validation.sum_tolerances`);
+    cast to a wider dtype; see :func:`~lightning_losses.functional.checks.sum_tolerances`);
     otherwise a ``ValueError`` says what was seen (a model that returns logits would silently
     give a wrong ECE). The first batch's multiclass targets are checked too: each in ``[0, C)``
     or equal to ``ignore_index``; a padding value such as -100 without ``ignore_index`` is a
@@ -537,8 +493,8 @@ class TemperatureScalingCallback(Callback):
     (``calibration/val_ece_before``, ``..._after``, ``calibration/val_nll_before``, ``..._after``)
     to every logger, and keeps them in :attr:`report`. Under DDP the logits of all processes
     are gathered first (:func:`all_gather_uneven`: processes may hold different numbers of
-    samples, as with :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`), so the fit
-    is that of one process over the whole validation set. Multiclass ``[N, C]`` and binary
+    samples, as with :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`), so
+    the fit is that of one process over the whole validation set. Multiclass ``[N, C]`` and binary
     ``[N]`` logits (n-by-m tasks are flattened to multiclass); ``[N, C]`` float targets are
     multi-label outputs, skipped with a warning, unless ``soft_labels=True`` says they are soft
     labels (each row a distribution over the classes: annotator votes, mixup or distillation
@@ -546,9 +502,9 @@ class TemperatureScalingCallback(Callback):
     <lightning_losses.calibration.scaling.TemperatureScaler.fit>` does.
 
     With ``apply_to_model=True`` the model's ``temperature`` attribute (such as that of
-    :class:`lightning_losses.lightning.classifier.ClassifierModule`) is multiplied by the fitted value, so
-    later predictions are calibrated; a model without one is an error at set-up, before any
-    training step.
+    :class:`lightning_losses.lightning.classifier.ClassifierModule`) is multiplied by the
+    fitted value, so later predictions are calibrated; a model without one is an error at
+    set-up, before any training step.
 
     Args:
         n_bins: bins of the reported ECE.
@@ -579,7 +535,7 @@ class TemperatureScalingCallback(Callback):
         self._read = OutputAdapter(outputs, owner="TemperatureScalingCallback")
         self.outputs = outputs
         if ignore_index is not None:
-            from lightning_losses.functional._validation import check_ignore_index
+            from lightning_losses.functional.checks import check_ignore_index
 
             check_ignore_index(ignore_index)
         check_flag("soft_labels", soft_labels)
@@ -654,13 +610,17 @@ class TemperatureScalingCallback(Callback):
 
         gathered = self._gathered(trainer)  # every process takes part in the gathers
         if gathered is None:
-            rank_zero_warn("TemperatureScalingCallback: no validation outputs to fit on")
+            rank_zero_warn(
+                "TemperatureScalingCallback: no validation outputs to fit on",
+                category=LightningLossesWarning,
+            )
             return
         logits, target = gathered
         if logits.dim() == 2 and target.dim() == 2 and not self.soft_labels:
             rank_zero_warn(
                 "TemperatureScalingCallback: multi-label outputs are not scaled (pass "
-                "soft_labels=True if the [N, C] targets are soft labels)"
+                "soft_labels=True if the [N, C] targets are soft labels)",
+                category=LightningLossesWarning,
             )
             return
         scaler = TemperatureScaler(max_iter=self.max_iter)

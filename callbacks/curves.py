@@ -7,10 +7,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
+
+from lightning_losses.functional.evaluation import correct_terms, nll_terms
 
 #: Splits whose DataModule loader the callback can read.
 SPLITS = ("train", "val", "test")
@@ -130,7 +131,10 @@ class SplitCurves(Callback):
 def curve_terms(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-sample NLL, hit (top-1, or ``logit > 0`` for binary), confidence and correctness.
 
-    All float64. Confidence and correctness are those of
+    All float64. NLL and hit are the float64 terms of
+    :func:`~lightning_losses.functional.evaluation.nll_terms` and
+    :func:`~lightning_losses.functional.evaluation.correct_terms` (``multiclass`` for ``[N,
+    C]``, ``binary`` for ``[N]``). Confidence and correctness are those of
     :func:`~lightning_losses.calibration.functional.confidence_and_correct` (top label for
     ``[N, C]``; the positive class for ``[N]``, as ``CalibrationMonitor``'s ``val/ece``), so
     the ECE curve's last value equals the monitor's ECE of the same split and epoch.
@@ -150,12 +154,9 @@ def curve_terms(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor,
             f"{tuple(logits.shape)}"
         )
     z = logits.detach().to(torch.float64)
-    if z.ndim == 2:
-        nll = F.cross_entropy(z, target.long(), reduction="none")
-        hit = z.argmax(dim=1) == target
-    else:
-        nll = F.binary_cross_entropy_with_logits(z, target.to(torch.float64), reduction="none")
-        hit = (z > 0) == (target > 0.5)
+    task = "multiclass" if z.ndim == 2 else "binary"
+    nll = nll_terms(z, target, task, dtype=torch.float64)
+    hit = correct_terms(z, target, task)
     confidence, correct = confidence_and_correct(z, target, input_format="logits")
     return nll, hit.to(torch.float64), confidence, correct.to(torch.float64)
 

@@ -20,8 +20,9 @@ from lightning_losses.callbacks.schedules import (
     Schedule,
     check_boundary,
     check_order,
-    check_real,
 )
+from lightning_losses.functional.checks import check_choice, check_real
+from lightning_losses.warning import LightningLossesWarning
 
 _INTERVALS = ("step", "epoch")
 _SHAPES = {"linear": LinearSchedule, "cosine": CosineSchedule}
@@ -179,8 +180,7 @@ class LossScheduler(Callback):
             raise ValueError(
                 f"schedule must be callable as schedule(progress, total); got {schedule!r}"
             )
-        if interval not in _INTERVALS:
-            raise ValueError(f"interval must be one of {_INTERVALS}; got {interval!r}")
+        check_choice("interval", interval, _INTERVALS)
         self.attribute = attribute
         self.schedule = schedule
         self.interval = interval
@@ -434,7 +434,8 @@ class LossScheduler(Callback):
                 f"{type(self).__name__} sets criterion.{self.attribute} from its schedule, "
                 f"replacing the value given: {'; '.join(replaced)}. To leave a criterion's "
                 "value alone, scope the schedule with stages=[...] (LossSwitch criteria "
-                "indices) or losses=[...] (loss names)."
+                "indices) or losses=[...] (loss names).",
+                category=LightningLossesWarning,
             )
 
     def describe(self) -> str:
@@ -487,7 +488,8 @@ class LossScheduler(Callback):
             f"{self.total!r}; the schedule {self.schedule!r} has boundaries given as fractions "
             "of training, so from the resumed step on they fall on other steps and its values "
             "change. To keep its timing when the length of training changes, give the "
-            f"boundaries as ints (absolute {unit}): int boundaries do not depend on the total."
+            f"boundaries as ints (absolute {unit}): int boundaries do not depend on the total.",
+            category=LightningLossesWarning,
         )
 
     @override
@@ -593,8 +595,7 @@ class GammaAnnealing(LossScheduler):
         stages: list[int] | None = None,
         losses: list[str] | None = None,
     ) -> None:
-        if shape not in _SHAPES:
-            raise ValueError(f"shape must be one of {tuple(_SHAPES)}; got {shape!r}")
+        check_choice("shape", shape, tuple(_SHAPES))
         check_real("start", start)
         check_real("end", end)
         check_boundary("begin", begin)

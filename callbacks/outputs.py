@@ -23,11 +23,13 @@ validation batch (the sanity check, before any training step); every error names
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import lightning.pytorch as pl
 from torch import Tensor
+
+from lightning_losses.lightning.class_path import import_path
 
 #: The two names an adapter maps, and the default keys of both.
 NAMES = ("logits", "target")
@@ -68,10 +70,7 @@ def _import(path: str, where: str) -> Callable[[Any], Any]:
             f"callable outputs -> (logits, target), or the import path of one "
             f"('package.module.function'); got the string {path!r}"
         )
-    try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{where}: cannot import {path!r} ({error})") from error
+    found = import_path(path, argument=where)
     if not callable(found):
         raise ValueError(f"{where}: {path!r} is a {type(found).__name__}, not a callable")
     return found
@@ -199,4 +198,21 @@ class OutputAdapter:
         )
 
 
-__all__: Sequence[str] = ("OutputAdapter", "OutputsSpec", "describe_output")
+__all__: Sequence[str] = ("OutputAdapter", "OutputsSpec", "calibration_inputs", "describe_output")
+
+
+def calibration_inputs(
+    outputs: Any, pl_module: pl.LightningModule, adapter: OutputAdapter | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(logits, target)`` from a ``validation_step`` output, reshaped for the metrics.
+
+    ``adapter`` reads them (:class:`~lightning_losses.callbacks.outputs.OutputAdapter`; ``None``
+    reads the default ``{"logits", "target"}`` dict). ``[N, n, m]`` logits of n-by-m tasks
+    become ``[N * n, m]`` with ``[N * n]`` targets (each task is a multiclass prediction);
+    everything else is passed as it is.
+    """
+    read = adapter if adapter is not None else OutputAdapter(owner="CalibrationMonitor")
+    logits, target = read(outputs, type(pl_module).__name__)
+    if logits.dim() == 3 and target.dim() == 2:
+        logits, target = logits.flatten(0, 1), target.flatten()
+    return logits, target

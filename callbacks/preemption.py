@@ -40,6 +40,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_losses.warning import LightningLossesWarning
+
 __all__ = [
     "PREEMPTED_EXIT_STATUS",
     "RESUME_COMMAND_TAG",
@@ -272,7 +274,8 @@ class Preemption(Callback):
             rank_zero_warn(
                 f"The checkpoint was taken at a signal with {len(by_rank)} processes and this "
                 f"fit has {trainer.world_size}: the means of the interrupted epoch count only "
-                "the batches from here on."
+                "the batches from here on.",
+                category=LightningLossesWarning,
             )
             return
         from torchmetrics import Metric

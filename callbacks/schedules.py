@@ -34,18 +34,13 @@ from typing import ClassVar
 
 from typing_extensions import override
 
+from lightning_losses.functional.checks import check_real
+
 #: A boundary: an absolute step (or epoch) count, or a fraction of training in ``[0, 1]``.
 Boundary = int | float
 
 #: ``(progress, value)``: a value of a schedule and the earliest progress where it is taken.
 Extreme = tuple[float, float]
-
-
-def check_real(name: str, value: float) -> float:
-    """``value`` as a finite float; ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number; got {value!r}")
-    return float(value)
 
 
 def check_boundary(name: str, value: Boundary) -> Boundary:

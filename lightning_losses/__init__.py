@@ -10,8 +10,9 @@ scikit-learn are imported only by the functions that use them, so that
 Example:
     >>> import sys
     >>> import lightning_losses
-    >>> lightning_losses.__version__
-    '0.1.0'
+    >>> from importlib import metadata
+    >>> lightning_losses.__version__ == metadata.version("lightning-losses")  # one version
+    True
     >>> from lightning_losses import FocalLoss
     >>> FocalLoss.__module__
     'lightning_losses.losses'
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from lightning_losses._lazy import lazy_exports
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdaFocalLoss",

@@ -1,5 +1,7 @@
-"""Scaled-cosine classification heads: NormFace, CosFace and ArcFace
-(Wang Feng, "Understanding softmax: controlling its smoothness")."""
+"""Scaled-cosine classification heads: NormFace, CosFace and ArcFace.
+
+After Wang Feng, "Understanding softmax: controlling its smoothness".
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lightning_losses.functional._validation import check_choice, check_range
+from lightning_losses.functional.checks import check_choice, check_int, check_range
 from lightning_losses.functional.scale import feature_norm, normface_min_scale
 
 KINDS = ("normface", "cosface", "arcface")
@@ -65,9 +67,8 @@ class NormFaceHead(nn.Module):
         kind: str = "normface",
     ) -> None:
         super().__init__()
-        for name, size in (("in_features", in_features), ("num_classes", num_classes)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"{name} must be a positive integer; got {size!r}")
+        in_features = check_int("in_features", in_features, low=1)
+        num_classes = check_int("num_classes", num_classes, low=1)
         self.in_features = in_features
         self.num_classes = num_classes
         self.kind = kind
@@ -116,6 +117,7 @@ class NormFaceHead(nn.Module):
         return cos.scatter(1, target[:, None], shifted)
 
     def forward(self, features: Tensor, target: Tensor | None = None) -> Tensor:
+        """Logits ``scale * cos`` ``[N, C]``; with ``target``, its class's margin applied."""
         self.check_hyperparameters()  # a schedule may have set them; it costs nothing
         cos = self.cosine(features)
         if target is not None and self.kind != "normface" and self.margin > 0:
@@ -123,6 +125,7 @@ class NormFaceHead(nn.Module):
         return self.scale * cos
 
     def extra_repr(self) -> str:
+        """The head's sizes, kind, scale and margin, for ``repr``."""
         scale = "learnable" if isinstance(self.scale, nn.Parameter) else self.scale
         return (
             f"in_features={self.in_features}, num_classes={self.num_classes}, "

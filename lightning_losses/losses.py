@@ -17,12 +17,17 @@ import torch
 from torch import Tensor, nn
 
 from lightning_losses import functional as LF
-from lightning_losses.functional._validation import check_flag, check_loss_options, check_range
 from lightning_losses.functional.adafocal import check_adafocal_bins
 from lightning_losses.functional.binary import (
     check_binary_focal,
     check_binary_ignore_index,
     check_pos_weight_values,
+)
+from lightning_losses.functional.checks import (
+    check_flag,
+    check_int,
+    check_loss_options,
+    check_range,
 )
 from lightning_losses.functional.exact import check_exact, check_exact_options
 from lightning_losses.functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
@@ -115,9 +120,11 @@ class FunctionalLoss(nn.Module):
         check_loss_options(self.options())
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        """The loss of ``logits`` for ``target``, with the current hyper-parameters."""
         return type(self).function(logits, target, **self.hyperparameters(), **self.options())
 
     def extra_repr(self) -> str:
+        """The hyper-parameters and ``reduction``, for ``repr``."""
         shown = {**self.hyperparameters(), "reduction": self.reduction}
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())
 
@@ -259,6 +266,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
         self.threshold = threshold
 
     def extra_repr(self) -> str:
+        """The hyper-parameters and ``reduction``, for ``repr``."""
         shown = {**self.hyperparameters(), "reduction": self.reduction}
         if _is_zero(shown["label_smoothing"]):
             del shown["label_smoothing"]  # as before label smoothing existed here
@@ -457,8 +465,7 @@ class AdaFocalLoss(FunctionalLoss):
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-            raise ValueError(f"num_bins must be an integer >= 1; got {num_bins!r}")
+        num_bins = check_int("num_bins", num_bins, low=1)
         check_range("gamma_initial", gamma_initial)
         self.num_bins = num_bins
         self.gamma_initial = float(gamma_initial)
@@ -473,6 +480,7 @@ class AdaFocalLoss(FunctionalLoss):
         self.validate_args = validate_args
 
     def check_hyperparameters(self) -> None:
+        """As :meth:`FunctionalLoss.check_hyperparameters`, and the bins."""
         super().check_hyperparameters()
         check_adafocal_bins(self.edges, self.gammas, validate_args=self.validate_args)
 
@@ -498,6 +506,7 @@ class AdaFocalLoss(FunctionalLoss):
         return self
 
     def extra_repr(self) -> str:
+        """The bins and their gammas, for ``repr``."""
         return f"num_bins={self.num_bins}, gammas={[round(g, 4) for g in self.gammas.tolist()]}"
 
 
@@ -846,6 +855,7 @@ class LinearTargetLoss(nn.Module):
     def forward(
         self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None
     ) -> Tensor:
+        """The loss of the head ``hidden @ weight.T + bias`` for ``target``, chunk by chunk."""
         return LF.linear_target_loss(
             hidden,
             weight,
@@ -862,6 +872,7 @@ class LinearTargetLoss(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """The loss, its hyper-parameters and ``reduction``, for ``repr``."""
         shown = {"loss": self.loss, **self.hyperparameters(), "reduction": self.reduction}
         if _is_zero(shown.get("label_smoothing")):
             del shown["label_smoothing"]

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import atexit
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers.server import Server
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -55,3 +57,10 @@ def isolated_tracking(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory) -> Iterator[Server]:
+    """A real ``mlflow server`` (SQLite store) on 127.0.0.1, shared by the tests of a module."""
+    with Server(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server

@@ -12,10 +12,7 @@ from lightning_losses.calibration.brier import (
     BrierDecomposition,
     brier_decomposition,
 )
-from lightning_losses.calibration.debiased import (
-    DebiasedCalibrationError,
-    debiased_calibration_error,
-)
+from lightning_losses.calibration.debiased import debiased_calibration_error
 from lightning_losses.calibration.functional import (
     accuracy,
     adaptive_calibration_error,
@@ -42,11 +39,12 @@ from lightning_losses.calibration.metrics import (
     CalibrationError,
     CalibrationSummary,
     ClasswiseCalibrationError,
+    DebiasedCalibrationError,
     MeanConfidence,
     NegativeLogLikelihood,
+    SmoothCalibrationError,
 )
 from lightning_losses.calibration.smooth import (
-    SmoothCalibrationError,
     SmoothReliabilityCurve,
     smooth_calibration_error,
     smooth_calibration_error_from_grid,

@@ -1,4 +1,4 @@
-"""AURC: the area under the selective risk-coverage curve.
+r"""AURC: the area under the selective risk-coverage curve.
 
 A selective classifier answers only on the samples it is most confident about. With the ``N``
 decisions sorted by confidence, most confident first, the selective risk at coverage ``k/N``
@@ -6,7 +6,7 @@ is the error rate among the first ``k``, and
 
 .. math::
 
-    \\operatorname{AURC} = \\frac{1}{N} \\sum_{k=1}^{N} \\frac{1}{k} \\sum_{j=1}^{k} e_{(j)},
+    \operatorname{AURC} = \frac{1}{N} \sum_{k=1}^{N} \frac{1}{k} \sum_{j=1}^{k} e_{(j)},
 
 with ``e = 1 - correct`` the 0/1 error of the top-label decision and its confidence ``max_c
 p_c`` (binary and multi-label: ``max(p, 1 - p)`` of the decision ``p > 0.5``), as in
@@ -43,7 +43,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 from lightning_losses.calibration import functional as CF
 from lightning_losses.calibration.functional import InputFormat, Task
 from lightning_losses.calibration.metrics import _CalibrationMetric
-from lightning_losses.functional._validation import check_flag
+from lightning_losses.functional.checks import check_flag
 
 __all__ = ["AURC", "aurc", "aurc_from_histogram", "aurc_histogram_bound", "aurc_histogram_edges"]
 
@@ -249,6 +249,13 @@ class AURC(_CalibrationMetric):
         >>> metric.compute(), metric.error_bound()
         (tensor(0.1111, dtype=torch.float64), tensor(0., dtype=torch.float64))
     """
+
+    # The states (add_state), declared for type checkers: with ``exact`` the lists of batches
+    # (one tensor while synced), else the float64 [histogram_bins] histogram.
+    confidence: list[Tensor]
+    correct: list[Tensor]
+    count: Tensor
+    errors: Tensor
 
     def __init__(
         self,

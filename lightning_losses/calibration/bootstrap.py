@@ -1,5 +1,7 @@
-"""Poisson bootstrap replicates that depend only on (seed, sample position): the same interval
-over any batching and any number of processes, from a state whose size does not grow with N.
+"""Poisson bootstrap replicates that depend only on (seed, sample position).
+
+They give the same interval over any batching and any number of processes, from a state whose
+size does not grow with N.
 
 Source of the method: the Poisson bootstrap with replicate weights generated from a hash of
 each unit's identifier, as in Chamandy, Muralidharan, Najmi and Naidu, "Estimating Uncertainty
@@ -113,7 +115,7 @@ def check_n_groups(n_groups: object) -> int:
 
 def check_seed(seed: object) -> int:
     """The seed: an int in [0, 2**63)."""
-    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63:
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= int(seed) < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
     return int(seed)
 
@@ -397,7 +399,7 @@ class _ReplicateSmoother:
         self.spectra = np.fft.rfft(mirrored, axis=-1)
 
     def values(self, sigma: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """smECE of ``rows`` (indices) at bandwidths ``sigma`` (one per row)."""
+        """The smECE of ``rows`` (indices) at bandwidths ``sigma`` (one per row)."""
         from lightning_losses.calibration.smooth import KERNEL_RADIUS, MIN_MESH_POINTS
 
         count, nodes = len(rows), self.size + 1
@@ -440,24 +442,24 @@ class _ReplicateSmoother:
 
 
 def _smooth_values_by_bisection(mass: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """smECE at the automatic bandwidth of each row by ten halvings each (the reference)."""
+    """The smECE at the automatic bandwidth of each row by ten halvings (the reference)."""
     smoother = _ReplicateSmoother(mass, residual)
     result = smoother.bisect(np.arange(mass.shape[0]))[1]
     return np.where(mass.sum(-1) > 0, result, np.nan)
 
 
 def _smooth_values(mass: np.ndarray, residual: np.ndarray, *, attempts: int = 4) -> np.ndarray:
-    """smECE at its automatic bandwidth of each row of ``[R, G + 1]`` grids, row 0 the full data.
+    """The smECE at the automatic bandwidth of each row of ``[R, G + 1]`` grids.
 
-    Ten halvings of [0, 1] end at the upper end ``k / 1024`` of the dyadic step holding the
-    crossing of ``σ`` and ``smECE_σ``: the step where the test ``σ < smECE_σ`` holds at
-    ``(k - 1) / 1024`` and fails at ``k / 1024``. Row 0 is bisected; every replicate starts at
-    row 0's crossing moved by one secant step (``smECE`` of the replicate at row 0's ``σ*`` and
-    row 0's slope), tests the two ends of its step and, where the crossing is elsewhere, takes
-    a secant step of its own, up to ``attempts`` times; rows not confirmed so are bisected.
-    Where the test changes sign once (it does on calibration grids: ``smECE_σ`` falls as ``σ``
-    grows) the result is the bisection's, to rounding (the mesh sums run over other batches of
-    rows), at about a third of its cost. NaN for rows without mass.
+    Row 0 is the full data. Ten halvings of [0, 1] end at the upper end ``k / 1024`` of the dyadic
+    step holding the crossing of ``σ`` and ``smECE_σ``: the step where the test ``σ < smECE_σ``
+    holds at ``(k - 1) / 1024`` and fails at ``k / 1024``. Row 0 is bisected; every replicate starts
+    at row 0's crossing moved by one secant step (``smECE`` of the replicate at row 0's ``σ*`` and
+    row 0's slope), tests the two ends of its step and, where the crossing is elsewhere, takes a
+    secant step of its own, up to ``attempts`` times; rows not confirmed so are bisected. Where the
+    test changes sign once (it does on calibration grids: ``smECE_σ`` falls as ``σ`` grows) the
+    result is the bisection's, to rounding (the mesh sums run over other batches of rows), at about
+    a third of its cost. NaN for rows without mass.
     """
     from lightning_losses.calibration.smooth import BISECTION_STEPS
 

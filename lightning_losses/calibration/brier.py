@@ -50,11 +50,12 @@ SUMS = ("count", "forecast_sum", "event_sum", "forecast_sq_sum", "product_sum")
 
 
 class BrierComponents(NamedTuple):
-    """The Brier score and its terms, float64 scalars: ``brier = reliability - resolution +
-    uncertainty + within_bin_variance - within_bin_covariance``.
+    """The Brier score and its terms, float64 scalars.
 
-    The first four are the ones the issue names; ``brier, rel, res, unc, *_ = ...`` unpacks
-    them. Multiclass: each term summed over the classes' one-vs-rest forecasts.
+    ``brier = reliability - resolution + uncertainty + within_bin_variance -
+    within_bin_covariance``. The first four are the ones the issue names;
+    ``brier, rel, res, unc, *_ = ...`` unpacks them. Multiclass: each term summed over the
+    classes' one-vs-rest forecasts.
     """
 
     brier: Tensor
@@ -208,6 +209,9 @@ class BrierDecomposition(_CalibrationMetric):
     """
 
     higher_is_better = None
+
+    # The state (add_state), declared for type checkers: float64 [5, R, n_bins].
+    sums: Tensor
 
     def __init__(
         self,

@@ -27,17 +27,15 @@ across batches and processes.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lightning_losses.calibration import functional as CF
 from lightning_losses.calibration.functional import InputFormat, Task
-from lightning_losses.calibration.metrics import _EqualWidthMetric
 
 __all__ = [
-    "DebiasedCalibrationError",
     "debiased_calibration_error",
     "debiased_calibration_error_from_bins",
 ]
@@ -145,64 +143,3 @@ def debiased_calibration_error(
     )
     bins = CF.binned_statistics(confidence, correct, n_bins)
     return debiased_calibration_error_from_bins(*bins, norm)
-
-
-class DebiasedCalibrationError(_EqualWidthMetric):
-    """Debiased top-label calibration error of Kumar, Liang and Ma as a torchmetrics ``Metric``.
-
-    The value of :func:`debiased_calibration_error` on everything seen, from the states of
-    :class:`~lightning_losses.calibration.CalibrationError` (float64 ``count``, ``conf_sum``,
-    ``correct_sum`` per bin, ``dist_reduce_fx="sum"``): O(bins) memory, the same value over
-    any batching and any number of processes. Source: Kumar, Liang and Ma, "Verified
-    Uncertainty Calibration", NeurIPS 2019.
-
-    Args:
-        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
-        n_bins: number of equal-width bins.
-        norm: ``"l2"`` (default) or ``"l1"``.
-        input_format: ``"probs"`` or ``"logits"``.
-        task: ``None`` (inferred per batch), ``"multiclass"``, ``"binary"``, ``"multilabel"``.
-        validate_args: check values as the functions do.
-        ignore_index: target value whose samples (multi-label: labels) are left out.
-        kwargs: passed to ``torchmetrics.Metric``.
-
-    Example:
-        >>> generator = torch.Generator().manual_seed(0)
-        >>> logits = 3 * torch.randn(1000, 5, generator=generator)
-        >>> target = torch.randint(0, 5, (1000,), generator=generator)
-        >>> metric = DebiasedCalibrationError(input_format="logits")
-        >>> for rows in torch.arange(1000).split(300):
-        ...     metric.update(logits[rows], target[rows])
-        >>> torch.allclose(metric.compute(), debiased_calibration_error(
-        ...     logits, target, input_format="logits"))
-        True
-    """
-
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        n_bins: int = 15,
-        norm: DebiasedNorm = "l2",
-        input_format: InputFormat = "probs",
-        task: Task | None = None,
-        validate_args: bool = True,
-        ignore_index: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
-        )
-        CF.check_choice("norm", norm, DEBIASED_NORMS)
-        self.norm = norm
-
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        """Add a batch to the bin sums."""
-        task = self._resolve(preds, target)
-        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
-        self._add_bins(confidence, correct)
-
-    def compute(self) -> Tensor:
-        """The debiased calibration error of everything seen (synced across processes)."""
-        return debiased_calibration_error_from_bins(
-            self.count, self.conf_sum, self.correct_sum, self.norm
-        )

@@ -1,4 +1,4 @@
-"""Reliability diagrams drawn from the per-bin sums of an equal-width calibration metric.
+r"""Reliability diagrams drawn from the per-bin sums of an equal-width calibration metric.
 
 A top-label calibration metric with ``B`` equal-width bins keeps three arrays of length ``B``:
 ``count[k]`` (samples whose confidence falls in bin ``k``), ``conf_sum[k]`` (the sum of their
@@ -7,11 +7,11 @@ reliability diagram shows follows from them:
 
 .. math::
 
-    \\operatorname{acc}(k) = \\frac{\\text{correct\\_sum}_k}{n_k}, \\qquad
-    \\operatorname{conf}(k) = \\frac{\\text{conf\\_sum}_k}{n_k}, \\qquad
-    \\operatorname{ECE} = \\sum_k \\frac{n_k}{N}\\,\\lvert \\operatorname{acc}(k) -
-    \\operatorname{conf}(k) \\rvert = \\frac{1}{N} \\sum_k \\lvert \\text{conf\\_sum}_k -
-    \\text{correct\\_sum}_k \\rvert .
+    \operatorname{acc}(k) = \frac{\text{correct\_sum}_k}{n_k}, \qquad
+    \operatorname{conf}(k) = \frac{\text{conf\_sum}_k}{n_k}, \qquad
+    \operatorname{ECE} = \sum_k \frac{n_k}{N}\,\lvert \operatorname{acc}(k) -
+    \operatorname{conf}(k) \rvert = \frac{1}{N} \sum_k \lvert \text{conf\_sum}_k -
+    \text{correct\_sum}_k \rvert .
 
 The layout follows Guo et al., "On Calibration of Modern Neural Networks" (ICML 2017), Fig. 1:
 accuracy bars per bin with the gap to the mean confidence drawn on top, the diagonal of perfect
@@ -154,7 +154,6 @@ def reliability_diagram(
         >>> len(fig.axes[0].containers[0])  # one accuracy bar per non-empty bin
         3
     """
-
     count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
     n_bins = count.shape[0]
     total = count.sum()
@@ -325,7 +324,6 @@ def gamma_diagram(
         >>> fig.axes[1].patches[0].get_label()  # the step of the gammas
         'gamma'
     """
-
     count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
     edges = _as_float64(edges, "edges")
     gammas = _as_float64(gammas, "gammas")

@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.calibration._dense import flatten_dense, is_dense
-from lightning_losses.functional._validation import (
+from lightning_losses.functional import evaluation as FE
+from lightning_losses.functional.checks import (
     check_choice,
     check_ignore_index,
     check_same_device,
@@ -96,7 +97,7 @@ def check_n_bins(n_bins: int) -> None:
         raise ValueError(f"n_bins must be at least 1; got {n_bins}")
 
 
-def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
+def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> Task:
     """Return the task of ``(preds, target)`` from their shapes and dtypes, checking both.
 
     ``preds [N]`` is binary; ``preds [N, C]`` with ``target [N]`` is multiclass, and so is
@@ -132,7 +133,7 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> str:
         )
     shapes = f"preds {list(preds.shape)} and target {list(target.shape)}"
     if preds.dim() == 1 and target.shape == preds.shape:
-        found = "binary"
+        found: Task = "binary"
     elif preds.dim() == 2 and target.dim() == 1 and target.shape[0] == preds.shape[0]:
         found = "multiclass"
     elif preds.dim() == 2 and target.shape == preds.shape:
@@ -203,10 +204,10 @@ def _check_preds_values(
 
     ``low``, ``high`` (the minimum and maximum of ``preds``) and ``row_sums`` (multiclass
     probabilities) save passes when the caller has them; the missing ones are computed here.
-    Multiclass rows must sum to 1 within :func:`~lightning_losses.functional._validation.
+    Multiclass rows must sum to 1 within :func:`~lightning_losses.functional.checks.
     sum_tolerance` of the dtype (1e-3 for float32 and float64), or that of bfloat16 or float16
     for rows whose values are exactly numbers of that dtype (see :func:`~lightning_losses.
-    functional._validation.sum_tolerances`).
+    functional.checks.sum_tolerances`).
     """
     if preds.numel() == 0:
         return
@@ -288,7 +289,7 @@ def _prepare(
     *,
     values_checked_later: bool = False,
     ignore_index: int | None = None,
-) -> tuple[Tensor, Tensor, str]:
+) -> tuple[Tensor, Tensor, Task]:
     """Check arguments; return detached ``preds``, ``target`` and the resolved task.
 
     Dense ``[N, C, *]`` preds with ``[N, *]`` targets come back as ``[M, C]`` rows and ``[M]``
@@ -948,17 +949,16 @@ def _brier_terms(preds: Tensor, target: Tensor, task: str, input_format: str) ->
 
 
 def nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
-    """Per-sample (multiclass) or per-label negative log-likelihoods, float64."""
-    if task == "multiclass":
-        index = target.long()[:, None]
-        if input_format == "logits":
-            log_probs = torch.log_softmax(preds.to(torch.float64), dim=1)
-            return -log_probs.gather(1, index)[:, 0]
-        return -torch.log(preds.gather(1, index)[:, 0].to(torch.float64))
-    labels = target.to(torch.float64).reshape(-1)
+    """Per-sample (multiclass) or per-label negative log-likelihoods, float64, flattened.
+
+    Logits: :func:`lightning_losses.functional.evaluation.nll_terms` in float64 (the one home
+    of the formula); probabilities: ``-log p_t``, or ``-(y log p + (1-y) log(1-p))`` per label.
+    """
     if input_format == "logits":
-        x = preds.to(torch.float64).reshape(-1)
-        return F.binary_cross_entropy_with_logits(x, labels, reduction="none")
+        return FE.nll_terms(preds, target, task, dtype=torch.float64).reshape(-1)
+    if task == "multiclass":
+        return -torch.log(preds.gather(1, target.long()[:, None])[:, 0].to(torch.float64))
+    labels = target.to(torch.float64).reshape(-1)
     p = preds.to(torch.float64).reshape(-1)
     return -(torch.xlogy(labels, p) + torch.xlogy(1 - labels, 1 - p))
 
@@ -966,13 +966,15 @@ def nll_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Te
 def _proper_terms(
     preds: Tensor, target: Tensor, task: str, input_format: str
 ) -> tuple[Tensor, Tensor]:
-    """Brier and NLL terms from one float64 (log-)softmax pass (see the two functions above)."""
+    """Brier and NLL terms from one float64 (log-)softmax pass (see the two functions above).
+
+    Multiclass logits: the Brier score's probabilities are those of the one log-softmax of
+    :func:`lightning_losses.functional.evaluation.log_softmax_nll`, whose NLL terms these are.
+    """
     if task == "multiclass" and input_format == "logits":
-        log_probs = torch.log_softmax(preds.to(torch.float64), dim=1)
-        index = target.long()[:, None]
-        log_p_t = log_probs.gather(1, index)[:, 0]
+        log_probs, nll = FE.log_softmax_nll(preds, target, dtype=torch.float64)
         probs = log_probs.exp()
-        return (probs * probs).sum(dim=1) - 2 * log_p_t.exp() + 1, -log_p_t
+        return (probs * probs).sum(dim=1) - 2 * torch.exp(-nll) + 1, nll
     return _brier_terms(preds, target, task, input_format), nll_terms(
         preds, target, task, input_format
     )
@@ -981,24 +983,32 @@ def _proper_terms(
 def _top_label_terms(
     preds: Tensor, target: Tensor, task: str, input_format: str
 ) -> tuple[Tensor, Tensor]:
-    """Per-decision top-label confidence and correctness (float64), for accuracy and confidence."""
+    """Per-decision top-label confidence and correctness (float64), for accuracy and confidence.
+
+    Multiclass: one walk over the rows (:func:`_multiclass_top_label`), whose ``correct`` is the
+    hit of :func:`lightning_losses.functional.evaluation.correct_terms` (``argmax == target``,
+    ties included). Binary and multi-label: the decision ``p > 0.5`` (logits: the home's hit
+    ``x > 0`` against ``y > 0.5``) and its confidence ``max(p, 1 - p)``.
+    """
     if task == "multiclass":
         top = _multiclass_top_label(preds, target, input_format)
         return top.confidence.to(torch.float64), top.correct.to(torch.float64)
-    labels = target.reshape(-1).to(torch.float64)
+    labels = target.reshape(-1)
     if input_format == "logits":
         x = preds.reshape(-1).to(torch.float64)
-        decision = (x > 0).to(torch.float64)
-        confidence = torch.sigmoid(x.abs()).to(torch.float64)
+        confidence = torch.sigmoid(x.abs())
+        correct = FE.correct_terms(x, labels, task)
     else:
         p = preds.reshape(-1).to(torch.float64)
-        decision = (p > 0.5).to(torch.float64)
         confidence = torch.maximum(p, 1 - p)
-    return confidence, (decision == labels).to(torch.float64)
+        correct = (p > 0.5) == (labels > 0.5)
+    return confidence, correct.to(torch.float64)
 
 
 def _accuracy_terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
-    """Per-decision top-label correctness, float64."""
+    """Per-decision top-label correctness, float64 (logits: the home's hits, flattened)."""
+    if input_format == "logits":
+        return FE.correct_terms(preds, target, task).reshape(-1).to(torch.float64)
     return _top_label_terms(preds, target, task, input_format)[1]
 
 

@@ -16,8 +16,7 @@ add nothing; a metric that has seen no kept sample computes NaN.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,9 +24,11 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from lightning_losses.calibration import bootstrap as BS
+from lightning_losses.calibration import debiased as DB
 from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration import smooth as SM
 from lightning_losses.calibration.functional import InputFormat, Norm, Task
-from lightning_losses.functional._validation import check_flag
+from lightning_losses.functional.checks import check_flag
 
 __all__ = [
     "Accuracy",
@@ -106,6 +107,12 @@ class _CalibrationMetric(Metric):
 
 class _EqualWidthMetric(_CalibrationMetric):
     """States ``count``, ``conf_sum``, ``correct_sum``: float64 ``[n_bins]`` sums, DDP-summed."""
+
+    # The states (add_state), declared for type checkers, which otherwise read them through
+    # nn.Module.__getattr__ as ``Tensor | Module``.
+    count: Tensor
+    conf_sum: Tensor
+    correct_sum: Tensor
 
     def __init__(
         self,
@@ -246,6 +253,10 @@ class AdaptiveCalibrationError(_CalibrationMetric):
         tensor(0.3500, dtype=torch.float64)
     """
 
+    # The states: lists of batches (one tensor while synced, see _bins).
+    confidence: list[Tensor]
+    correct: list[Tensor]
+
     def __init__(
         self,
         num_classes: int | None = None,
@@ -319,6 +330,11 @@ class ClasswiseCalibrationError(_CalibrationMetric):
         tensor(0.4000, dtype=torch.float64)
     """
 
+    # The states, float64 [num_classes, n_bins].
+    count: Tensor
+    conf_sum: Tensor
+    correct_sum: Tensor
+
     def __init__(
         self,
         num_classes: int,
@@ -384,7 +400,14 @@ class _MeanMetric(_CalibrationMetric):
     Subclasses name their per-term function, ``terms(preds, target, task, input_format)``.
     """
 
-    terms: ClassVar[Callable[[Tensor, Tensor, str, str], Tensor]]
+    # The states, float64 scalars.
+    score_sum: Tensor
+    count: Tensor
+
+    @staticmethod
+    def terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
+        """The per-sample (or per-label) terms whose mean is the metric."""
+        raise NotImplementedError
 
     def __init__(
         self,
@@ -523,7 +546,7 @@ class CalibrationSummary(_EqualWidthMetric):
     moves ``3 n_bins + 4`` numbers.
 
     With ``smooth=True`` it also keeps the grid of
-    :class:`~lightning_losses.calibration.smooth.SmoothCalibrationError` (states ``mass`` and
+    :class:`SmoothCalibrationError` (states ``mass`` and
     ``residual``, float64 ``[GRID_SIZE + 1]``, from the same binned pairs) and ``compute`` adds
     ``smooth_ece``, the smooth ECE of Błasiok and Nakkiran at its automatic bandwidth, equal to
     that metric's value on the same data.
@@ -572,6 +595,14 @@ class CalibrationSummary(_EqualWidthMetric):
 
     higher_is_better = None
 
+    # The states, float64: scalar sums, and with ``smooth`` the [GRID_SIZE + 1] grid.
+    brier_sum: Tensor
+    nll_sum: Tensor
+    top_correct: Tensor
+    top_confidence: Tensor
+    mass: Tensor
+    residual: Tensor
+
     def __init__(
         self,
         num_classes: int | None = None,
@@ -608,14 +639,12 @@ class CalibrationSummary(_EqualWidthMetric):
         for name in ("brier_sum", "nll_sum", "top_correct", "top_confidence"):
             self.add_state(name, default=zero.clone(), dist_reduce_fx="sum")
         if smooth:
-            from lightning_losses.calibration.smooth import GRID_SIZE
-
             for name in ("mass", "residual"):
-                grid = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
+                grid = torch.zeros(SM.GRID_SIZE + 1, dtype=torch.float64)
                 self.add_state(name, default=grid, dist_reduce_fx="sum")
 
     @property
-    def full_state_update(self) -> bool:  # type: ignore[override]
+    def full_state_update(self) -> bool:  # type: ignore[override]  # a class attribute in Metric
         """With intervals, ``forward`` updates the full state first: positions run on."""
         return bool(getattr(self, "intervals", False))
 
@@ -646,9 +675,7 @@ class CalibrationSummary(_EqualWidthMetric):
         )
         self._add_bins(confidence, correct)
         if self.smooth:
-            from lightning_losses.calibration.smooth import smooth_grid_statistics
-
-            mass, residual = smooth_grid_statistics(confidence, correct)
+            mass, residual = SM.smooth_grid_statistics(confidence, correct)
             self.mass.add_(mass)
             self.residual.add_(residual)
         brier, nll = CF._proper_terms(preds, target, task, self.input_format)
@@ -675,8 +702,11 @@ class CalibrationSummary(_EqualWidthMetric):
             BS.add_batch(self, groups, confidence, correct, n_bins=self.n_bins, scores=scores)
 
     def compute(self) -> dict[str, Tensor]:
-        """``{ece, mce, rmsce, brier, nll, accuracy, confidence}`` (synced across processes),
-        and ``smooth_ece`` with ``smooth=True``."""
+        """The summary of everything seen, synced across processes.
+
+        ``{ece, mce, rmsce, brier, nll, accuracy, confidence}``, and ``smooth_ece`` with
+        ``smooth=True`` (more with ``debiased`` and ``intervals``, see the class).
+        """
         return self._values()
 
     def compute_with_bins(self) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor, Tensor]]:
@@ -713,14 +743,10 @@ class CalibrationSummary(_EqualWidthMetric):
             "confidence": self.top_confidence / terms,
         }
         if self.smooth:
-            from lightning_losses.calibration.smooth import smooth_calibration_error_from_grid
-
-            values["smooth_ece"] = smooth_calibration_error_from_grid(self.mass, self.residual)
+            values["smooth_ece"] = SM.smooth_calibration_error_from_grid(self.mass, self.residual)
         if self.debiased:
-            from lightning_losses.calibration.debiased import debiased_calibration_error_from_bins
-
-            values["ece_debiased"] = debiased_calibration_error_from_bins(*bins, "l1")
-            values["rmsce_debiased"] = debiased_calibration_error_from_bins(*bins, "l2")
+            values["ece_debiased"] = DB.debiased_calibration_error_from_bins(*bins, "l1")
+            values["rmsce_debiased"] = DB.debiased_calibration_error_from_bins(*bins, "l2")
         if self.intervals:
             values.update(
                 BS.interval_values(
@@ -733,3 +759,151 @@ class CalibrationSummary(_EqualWidthMetric):
                 )
             )
         return values
+
+
+class SmoothCalibrationError(_CalibrationMetric):
+    """Smooth ECE (smECE) as a torchmetrics ``Metric``: O(grid) state, DDP-summed.
+
+    ``smECE_σ = ∫ |r_σ(t)| δ_σ(t) dt / ∫ δ_σ(t) dt`` with the kernel-smoothed residual ``r_σ``
+    and kernel density ``δ_σ`` of the confidences (reflected Gaussian kernel), at the
+    automatic bandwidth ``σ*`` solving ``smECE_σ* = σ*`` unless ``bandwidth`` fixes ``σ``
+    (definitions in :mod:`lightning_losses.calibration.smooth`). Source: Błasiok and Nakkiran,
+    "Smooth ECE: Principled Reliability Diagrams via Kernel Smoothing", ICLR 2024.
+
+    States (float64 ``[GRID_SIZE + 1]``, ``dist_reduce_fx="sum"``): ``mass`` and ``residual``,
+    each sample's mass and residual (confidence minus correctness) split linearly between its
+    two nearest grid nodes; :meth:`grid` returns them synced across processes, :meth:`curve`
+    the smoothed reliability diagram.
+
+    Args:
+        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
+        bandwidth: ``None`` (automatic ``σ*``) or a fixed ``σ >= 0.001``.
+        input_format: ``"probs"`` or ``"logits"``.
+        task: ``None`` (inferred from shapes per batch), ``"multiclass"``, ``"binary"``,
+            ``"multilabel"``.
+        validate_args: check target values, that probabilities lie in [0, 1] with multiclass
+            rows summing to 1 and that logits are finite.
+        ignore_index: target value whose samples (multi-label: decisions) are left out;
+            ``None`` keeps every sample.
+        kwargs: passed to ``torchmetrics.Metric``.
+
+    Example:
+        >>> metric = SmoothCalibrationError()
+        >>> metric.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0]))
+        >>> metric.update(torch.tensor([[0.3, 0.7], [0.6, 0.4]]), torch.tensor([1, 1]))
+        >>> round(metric.compute().item(), 4)
+        0.2498
+        >>> curve = metric.curve()
+        >>> round(curve.value, 4), curve.bandwidth
+        (0.2498, 0.25)
+    """
+
+    # The states, float64 [GRID_SIZE + 1].
+    mass: Tensor
+    residual: Tensor
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        bandwidth: float | None = None,
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes=num_classes,
+            input_format=input_format,
+            task=task,
+            validate_args=validate_args,
+            ignore_index=ignore_index,
+            **kwargs,
+        )
+        self.bandwidth = SM.check_bandwidth(bandwidth)
+        for name in ("mass", "residual"):
+            zeros = torch.zeros(SM.GRID_SIZE + 1, dtype=torch.float64)
+            self.add_state(name, default=zeros, dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch's mass and residual to the grid."""
+        task = self._resolve(preds, target)
+        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
+        mass, residual = SM.smooth_grid_statistics(confidence, correct)
+        self.mass.add_(mass)
+        self.residual.add_(residual)
+
+    def compute(self) -> Tensor:
+        """The smECE of everything seen (synced across processes); NaN before any sample."""
+        return SM.smooth_calibration_error_from_grid(
+            self.mass, self.residual, bandwidth=self.bandwidth
+        )
+
+    def grid(self) -> tuple[Tensor, Tensor]:
+        """``(mass, residual)``: float64 ``[GRID_SIZE + 1]`` copies, synced under DDP."""
+        return self._synced(lambda: (self.mass.clone(), self.residual.clone()))
+
+    def curve(self) -> SM.SmoothReliabilityCurve:
+        """The smoothed reliability diagram (see :func:`smooth_reliability_curve`), synced."""
+        return SM.smooth_reliability_curve(*self.grid(), bandwidth=self.bandwidth)
+
+
+class DebiasedCalibrationError(_EqualWidthMetric):
+    """Debiased top-label calibration error of Kumar, Liang and Ma as a torchmetrics ``Metric``.
+
+    The value of :func:`~lightning_losses.calibration.debiased.debiased_calibration_error` on
+    everything seen, from the states of :class:`~lightning_losses.calibration.CalibrationError`
+    (float64 ``count``, ``conf_sum``, ``correct_sum`` per bin, ``dist_reduce_fx="sum"``):
+    O(bins) memory, the same value over any batching and any number of processes. Source:
+    Kumar, Liang and Ma, "Verified Uncertainty Calibration", NeurIPS 2019.
+
+    Args:
+        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
+        n_bins: number of equal-width bins.
+        norm: ``"l2"`` (default) or ``"l1"``.
+        input_format: ``"probs"`` or ``"logits"``.
+        task: ``None`` (inferred per batch), ``"multiclass"``, ``"binary"``, ``"multilabel"``.
+        validate_args: check values as the functions do.
+        ignore_index: target value whose samples (multi-label: labels) are left out.
+        kwargs: passed to ``torchmetrics.Metric``.
+
+    Example:
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> logits = 3 * torch.randn(1000, 5, generator=generator)
+        >>> target = torch.randint(0, 5, (1000,), generator=generator)
+        >>> metric = DebiasedCalibrationError(input_format="logits")
+        >>> for rows in torch.arange(1000).split(300):
+        ...     metric.update(logits[rows], target[rows])
+        >>> torch.allclose(metric.compute(), DB.debiased_calibration_error(
+        ...     logits, target, input_format="logits"))
+        True
+    """
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        norm: DB.DebiasedNorm = "l2",
+        input_format: InputFormat = "probs",
+        task: Task | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_classes, n_bins, input_format, task, validate_args, ignore_index, **kwargs
+        )
+        CF.check_choice("norm", norm, DB.DEBIASED_NORMS)
+        self.norm = norm
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Add a batch to the bin sums."""
+        task = self._resolve(preds, target)
+        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
+        self._add_bins(confidence, correct)
+
+    def compute(self) -> Tensor:
+        """The debiased calibration error of everything seen (synced across processes)."""
+        return DB.debiased_calibration_error_from_bins(
+            self.count, self.conf_sum, self.correct_sum, self.norm
+        )

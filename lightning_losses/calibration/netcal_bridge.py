@@ -99,18 +99,21 @@ def to_netcal(
         raise ValueError(f"target labels must lie in [0, {n_classes}), got {labels.unique()}")
     if not torch.isfinite(preds_t).all():
         raise ValueError("preds contains non-finite values")
-
-    if input_format == "logits":
-        probs = preds_t.softmax(dim=1) if preds_t.ndim == 2 else preds_t.sigmoid()
-    else:
-        probs = preds_t
-        if probs.min() < 0 or probs.max() > 1:
-            raise ValueError("input_format='probs' but preds lie outside [0, 1]")
-        if probs.ndim == 2 and not torch.allclose(
-            probs.sum(dim=1), torch.ones((), dtype=probs.dtype), atol=1e-2, rtol=0
-        ):
-            raise ValueError("input_format='probs' but the rows of preds do not sum to 1")
+    probs = _probabilities(preds_t, input_format)
     return np.ascontiguousarray(probs.numpy()), np.ascontiguousarray(labels.numpy())
+
+
+def _probabilities(preds: Tensor, input_format: str) -> Tensor:
+    """Softmax (``[N, C]``) or sigmoid (``[N]``) of logits; probabilities checked as given."""
+    if input_format == "logits":
+        return preds.softmax(dim=1) if preds.ndim == 2 else preds.sigmoid()
+    if preds.min() < 0 or preds.max() > 1:
+        raise ValueError("input_format='probs' but preds lie outside [0, 1]")
+    if preds.ndim == 2 and not torch.allclose(
+        preds.sum(dim=1), torch.ones((), dtype=preds.dtype), atol=1e-2, rtol=0
+    ):
+        raise ValueError("input_format='probs' but the rows of preds do not sum to 1")
+    return preds
 
 
 def _netcal_input(
@@ -135,7 +138,7 @@ def netcal_metrics(
     input_format: str = "probs",
     ignore_index: int | None = None,
 ) -> dict[str, float]:
-    """netcal's expected, maximum and adaptive calibration errors.
+    """Expected, maximum and adaptive calibration errors computed by netcal.
 
     All three use ``n_bins`` equal-width bins ``[k/B, (k+1)/B)`` (netcal's ``ECE``, ``MCE`` and
     ``ACE`` classes with their default ``equal_intervals=True``):

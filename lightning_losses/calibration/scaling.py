@@ -1,12 +1,12 @@
-"""Temperature scaling: one scalar ``T`` fitted on held-out logits to calibrate a classifier.
+r"""Temperature scaling: one scalar ``T`` fitted on held-out logits to calibrate a classifier.
 
 Guo et al., "On Calibration of Modern Neural Networks" (ICML 2017), Section 4.2. The calibrated
 probabilities are ``softmax(z / T)`` (or ``sigmoid(z / T)`` for a binary ``[N]`` logit), with
 
 .. math::
 
-    T^\\star = \\arg\\min_{T > 0} \\; -\\frac{1}{N} \\sum_{i=1}^{N}
-    \\log \\operatorname{softmax}(z_i / T)_{y_i} .
+    T^\star = \arg\min_{T > 0} \; -\frac{1}{N} \sum_{i=1}^{N}
+    \log \operatorname{softmax}(z_i / T)_{y_i} .
 
 With soft labels (``target`` ``[N, C]``, a probability distribution ``q_i`` per row, e.g. the
 votes of several annotators) the NLL is the cross-entropy against them,
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_losses.functional._validation import check_ignore_index, check_sums_to_one
+from lightning_losses.functional.checks import check_ignore_index, check_sums_to_one
 
 __all__ = ["TemperatureScaler", "fit_temperature"]
 
@@ -44,6 +44,13 @@ def _check_inputs(
     as float64 probabilities ``[N, C]`` for soft labels, and as float64 0/1 ``[N]`` for ``[N]``
     logits. Rows whose integer label is ``ignore_index`` are dropped first.
     """
+    soft = _check_shapes(logits, target, ignore_index)
+    z, target = _kept_rows(logits, target, ignore_index)
+    return z, _checked_target(z, target, soft, ignore_index).to(z.device)
+
+
+def _check_shapes(logits: Tensor, target: Tensor, ignore_index: int | None) -> bool:
+    """Check the types, shapes and dtypes of logits and target; whether labels are soft."""
     if not isinstance(logits, Tensor) or not isinstance(target, Tensor):
         raise TypeError("logits and target must be torch tensors")
     if ignore_index is not None:
@@ -55,21 +62,7 @@ def _check_inputs(
         )
     soft = logits.ndim == 2 and target.ndim == 2
     if soft:
-        if ignore_index is not None:
-            raise ValueError(
-                "ignore_index applies to integer class labels; drop the rows of soft labels "
-                f"instead (got ignore_index={ignore_index} with soft labels [N, C])"
-            )
-        if target.shape != logits.shape:
-            raise ValueError(
-                f"target of soft labels must be [N, C] = {list(logits.shape)} like the logits, "
-                f"got {list(target.shape)}"
-            )
-        if not target.is_floating_point():
-            raise TypeError(
-                f"target [N, C] must hold soft labels (float probabilities), got {target.dtype}; "
-                "integer class labels are [N]"
-            )
+        _check_soft_shape(logits, target, ignore_index)
     elif target.shape != logits.shape[:1]:
         extra = f" (class labels) or [N, C] = {list(logits.shape)} (soft labels)"
         raise ValueError(
@@ -80,6 +73,30 @@ def _check_inputs(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     if logits.ndim == 2 and not soft and (target.is_floating_point() or target.dtype == torch.bool):
         raise TypeError(f"target must hold integer class labels, got {target.dtype}")
+    return soft
+
+
+def _check_soft_shape(logits: Tensor, target: Tensor, ignore_index: int | None) -> None:
+    """Soft labels ``[N, C]``: no ``ignore_index``, the logits' shape, a floating dtype."""
+    if ignore_index is not None:
+        raise ValueError(
+            "ignore_index applies to integer class labels; drop the rows of soft labels "
+            f"instead (got ignore_index={ignore_index} with soft labels [N, C])"
+        )
+    if target.shape != logits.shape:
+        raise ValueError(
+            f"target of soft labels must be [N, C] = {list(logits.shape)} like the logits, "
+            f"got {list(target.shape)}"
+        )
+    if not target.is_floating_point():
+        raise TypeError(
+            f"target [N, C] must hold soft labels (float probabilities), got {target.dtype}; "
+            "integer class labels are [N]"
+        )
+
+
+def _kept_rows(logits: Tensor, target: Tensor, ignore_index: int | None) -> tuple[Tensor, Tensor]:
+    """Float64 logits and the target of the rows not ignored (detached; at least one, finite)."""
     logits, target = logits.detach(), target.detach()
     if ignore_index is not None:
         keep = target != ignore_index
@@ -90,6 +107,11 @@ def _check_inputs(
     z = logits.to(torch.float64)
     if not torch.isfinite(z).all():
         raise ValueError("logits contain non-finite values")
+    return z, target
+
+
+def _checked_target(z: Tensor, target: Tensor, soft: bool, ignore_index: int | None) -> Tensor:
+    """The target's values checked: soft probabilities, labels in ``[0, C)``, or binary 0/1."""
     if soft:
         y = target.to(torch.float64)
         if not bool(((y >= 0) & (y <= 1)).all()):
@@ -97,21 +119,24 @@ def _check_inputs(
         check_sums_to_one(
             "target", y.sum(dim=1), target.dtype, over="the classes of each row", values=y
         )
-    elif logits.ndim == 2:
+    elif z.ndim == 2:
         y = target.long()
-        if y.min() < 0 or y.max() >= logits.shape[1]:
+        if y.min() < 0 or y.max() >= z.shape[1]:
             extra = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
-            raise ValueError(f"target labels must lie in [0, {logits.shape[1]}){extra}")
+            raise ValueError(f"target labels must lie in [0, {z.shape[1]}){extra}")
     else:
         y = target.to(torch.float64)
         if not ((y == 0) | (y == 1)).all():
             raise ValueError("binary target must hold 0 and 1 only")
-    return z, y.to(z.device)
+    return y
 
 
 def _nll(z: Tensor, y: Tensor) -> Tensor:
-    """Mean NLL: cross-entropy for ``[N, C]`` logits (against soft labels ``[N, C]`` too), binary
-    cross-entropy for ``[N]``."""
+    """Mean NLL of the logits.
+
+    Cross-entropy for ``[N, C]`` logits (against soft labels ``[N, C]`` too), binary
+    cross-entropy for ``[N]``.
+    """
     if z.ndim == 2:
         return F.cross_entropy(z, y)  # float [N, C] targets: -sum_c q_c log softmax(z)_c
     return F.binary_cross_entropy_with_logits(z, y)
@@ -318,4 +343,5 @@ class TemperatureScaler(nn.Module):
             }
 
     def extra_repr(self) -> str:
+        """The fitted temperature, shown in the module's ``repr``."""
         return f"temperature={self.temperature:.6g}"

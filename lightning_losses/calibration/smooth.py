@@ -1,4 +1,4 @@
-"""Smooth ECE (smECE): the calibration error of kernel-smoothed residuals, with its bandwidth.
+r"""Smooth ECE (smECE): the calibration error of kernel-smoothed residuals, with its bandwidth.
 
 Source: Błasiok and Nakkiran, "Smooth ECE: Principled Reliability Diagrams via Kernel
 Smoothing" (ICLR 2024); the numbers follow the authors' reference implementation, the
@@ -10,10 +10,10 @@ With confidences ``f_i`` and correctness ``y_i`` (see
 
 .. math::
 
-    \\hat r_σ(t) = \\frac{\\sum_i K_σ(t, f_i)\\,(f_i - y_i)}{\\sum_i K_σ(t, f_i)}, \\qquad
-    \\hat δ_σ(t) = \\frac{1}{N} \\sum_i K_σ(t, f_i), \\qquad
-    \\operatorname{smECE}_σ = \\frac{\\int_0^1 \\lvert \\hat r_σ(t) \\rvert\\, \\hat δ_σ(t)\\,dt}
-    {\\int_0^1 \\hat δ_σ(t)\\,dt} .
+    \hat r_σ(t) = \frac{\sum_i K_σ(t, f_i)\,(f_i - y_i)}{\sum_i K_σ(t, f_i)}, \qquad
+    \hat δ_σ(t) = \frac{1}{N} \sum_i K_σ(t, f_i), \qquad
+    \operatorname{smECE}_σ = \frac{\int_0^1 \lvert \hat r_σ(t) \rvert\, \hat δ_σ(t)\,dt}
+    {\int_0^1 \hat δ_σ(t)\,dt} .
 
 ``K_σ`` is the reflected Gaussian kernel: a Gaussian of standard deviation ``σ`` with its mass
 reflected back into [0, 1] at both ends. The smECE is ``smECE_σ*`` at the bandwidth ``σ*``
@@ -31,14 +31,15 @@ over ``T = max(200, round(10/σ))`` equally spaced points of [0, 1], ends includ
 any other has two, blended linearly over the first ``1/(M-1)`` (about ``σ/10``, at most 0.001)
 of each end, ``M = max(2000, round(20/σ)) // 2 + 1`` being ``relplot``'s number of nodes: this
 matters for saturated confidences, e.g. of an over-confident network. The two arrays are the
-whole state of :class:`SmoothCalibrationError`: they add up over batches and over processes.
+whole state of :class:`~lightning_losses.calibration.metrics.SmoothCalibrationError`: they add
+up over batches and over processes.
 """
 
 from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 import torch
@@ -46,12 +47,10 @@ from torch import Tensor
 
 from lightning_losses.calibration import functional as CF
 from lightning_losses.calibration.functional import InputFormat, Task
-from lightning_losses.calibration.metrics import _CalibrationMetric
-from lightning_losses.functional._validation import check_flag
+from lightning_losses.functional.checks import check_flag
 
 __all__ = [
     "GRID_SIZE",
-    "SmoothCalibrationError",
     "SmoothReliabilityCurve",
     "smooth_calibration_error",
     "smooth_calibration_error_from_grid",
@@ -102,7 +101,7 @@ class SmoothReliabilityCurve(NamedTuple):
 # --- arguments -------------------------------------------------------------------------------
 
 
-def _check_bandwidth(bandwidth: object) -> float | None:
+def check_bandwidth(bandwidth: object) -> float | None:
     """``None`` (automatic) or a finite real ``>=`` :data:`MIN_BANDWIDTH`, as a float."""
     if bandwidth is None:
         return None
@@ -207,13 +206,16 @@ def smooth_grid_statistics(
     weight = position.sub_(lower)
     index = lower.long()
     gap = confidence - correct
-    options = {"dtype": torch.float64, "device": confidence.device}
+
+    def zeros(size: int) -> Tensor:
+        return torch.zeros(size, dtype=torch.float64, device=confidence.device)
+
     count = torch.bincount(index, minlength=grid_size).to(torch.float64)
-    upper_mass = torch.zeros(grid_size, **options).index_add_(0, index, weight)
-    gap_sum = torch.zeros(grid_size, **options).index_add_(0, index, gap)
-    upper_gap = torch.zeros(grid_size, **options).index_add_(0, index, weight.mul_(gap))
-    mass = torch.zeros(grid_size + 1, **options)
-    residual = torch.zeros(grid_size + 1, **options)
+    upper_mass = zeros(grid_size).index_add_(0, index, weight)
+    gap_sum = zeros(grid_size).index_add_(0, index, gap)
+    upper_gap = zeros(grid_size).index_add_(0, index, weight.mul_(gap))
+    mass = zeros(grid_size + 1)
+    residual = zeros(grid_size + 1)
     mass[:-1] = count - upper_mass
     mass[1:] += upper_mass
     residual[:-1] = gap_sum - upper_gap
@@ -320,6 +322,28 @@ def _from_arrays(
     return _value(smoother, sigma), sigma
 
 
+@overload
+def smooth_calibration_error_from_grid(
+    mass: Any,
+    residual: Any,
+    *,
+    bandwidth: float | None = None,
+    return_bandwidth: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def smooth_calibration_error_from_grid(
+    mass: Any, residual: Any, *, bandwidth: float | None = None, return_bandwidth: Literal[True]
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def smooth_calibration_error_from_grid(
+    mass: Any, residual: Any, *, bandwidth: float | None = None, return_bandwidth: bool
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
 def smooth_calibration_error_from_grid(
     mass: Any,
     residual: Any,
@@ -331,7 +355,8 @@ def smooth_calibration_error_from_grid(
 
     Args:
         mass: float64 ``[G + 1]`` sample mass per grid node, from
-            :func:`smooth_grid_statistics` or the state of :class:`SmoothCalibrationError`.
+            :func:`smooth_grid_statistics` or the state of
+            :class:`~lightning_losses.calibration.metrics.SmoothCalibrationError`.
         residual: float64 ``[G + 1]`` residual (confidence minus correctness) per node.
         bandwidth: ``None`` for the automatic ``σ*`` (``smECE_σ* = σ*``), or a fixed ``σ >=``
             :data:`MIN_BANDWIDTH`.
@@ -356,7 +381,7 @@ def smooth_calibration_error_from_grid(
         >>> round(value.item(), 4), sigma.item()
         (0.2498, 0.25)
     """
-    sigma = _check_bandwidth(bandwidth)
+    sigma = check_bandwidth(bandwidth)
     check_flag("return_bandwidth", return_bandwidth)
     device = mass.device if isinstance(mass, Tensor) else torch.device("cpu")
     value, used = _from_arrays(*_grid_arrays(mass, residual), sigma)
@@ -394,7 +419,7 @@ def smooth_reliability_curve(
         >>> curve.mesh.shape, round(curve.value, 4), curve.bandwidth
         ((200,), 0.2493, 0.1)
     """
-    sigma = _check_bandwidth(bandwidth)
+    sigma = check_bandwidth(bandwidth)
     mass, residual = _grid_arrays(mass, residual)
     total = mass.sum()
     if not total > 0:
@@ -462,7 +487,7 @@ def smooth_calibration_error(
         >>> round(smooth_calibration_error(preds, target, bandwidth=0.1).item(), 4)
         0.2493
     """
-    sigma = _check_bandwidth(bandwidth)
+    sigma = check_bandwidth(bandwidth)
     check_flag("return_bandwidth", return_bandwidth)
     confidence, correct = CF.confidence_and_correct(
         preds,
@@ -476,86 +501,3 @@ def smooth_calibration_error(
     return smooth_calibration_error_from_grid(
         mass, residual, bandwidth=sigma, return_bandwidth=return_bandwidth
     )
-
-
-class SmoothCalibrationError(_CalibrationMetric):
-    """Smooth ECE (smECE) as a torchmetrics ``Metric``: O(grid) state, DDP-summed.
-
-    ``smECE_σ = ∫ |r_σ(t)| δ_σ(t) dt / ∫ δ_σ(t) dt`` with the kernel-smoothed residual ``r_σ``
-    and kernel density ``δ_σ`` of the confidences (reflected Gaussian kernel), at the
-    automatic bandwidth ``σ*`` solving ``smECE_σ* = σ*`` unless ``bandwidth`` fixes ``σ``
-    (definitions in :mod:`lightning_losses.calibration.smooth`). Source: Błasiok and Nakkiran,
-    "Smooth ECE: Principled Reliability Diagrams via Kernel Smoothing", ICLR 2024.
-
-    States (float64 ``[GRID_SIZE + 1]``, ``dist_reduce_fx="sum"``): ``mass`` and ``residual``,
-    each sample's mass and residual (confidence minus correctness) split linearly between its
-    two nearest grid nodes; :meth:`grid` returns them synced across processes, :meth:`curve`
-    the smoothed reliability diagram.
-
-    Args:
-        num_classes: if given, ``[N, C]`` preds must have ``C == num_classes`` columns.
-        bandwidth: ``None`` (automatic ``σ*``) or a fixed ``σ >= 0.001``.
-        input_format: ``"probs"`` or ``"logits"``.
-        task: ``None`` (inferred from shapes per batch), ``"multiclass"``, ``"binary"``,
-            ``"multilabel"``.
-        validate_args: check target values, that probabilities lie in [0, 1] with multiclass
-            rows summing to 1 and that logits are finite.
-        ignore_index: target value whose samples (multi-label: decisions) are left out;
-            ``None`` keeps every sample.
-        kwargs: passed to ``torchmetrics.Metric``.
-
-    Example:
-        >>> metric = SmoothCalibrationError()
-        >>> metric.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0]))
-        >>> metric.update(torch.tensor([[0.3, 0.7], [0.6, 0.4]]), torch.tensor([1, 1]))
-        >>> round(metric.compute().item(), 4)
-        0.2498
-        >>> curve = metric.curve()
-        >>> round(curve.value, 4), curve.bandwidth
-        (0.2498, 0.25)
-    """
-
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        bandwidth: float | None = None,
-        input_format: InputFormat = "probs",
-        task: Task | None = None,
-        validate_args: bool = True,
-        ignore_index: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            num_classes=num_classes,
-            input_format=input_format,
-            task=task,
-            validate_args=validate_args,
-            ignore_index=ignore_index,
-            **kwargs,
-        )
-        self.bandwidth = _check_bandwidth(bandwidth)
-        for name in ("mass", "residual"):
-            zeros = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
-            self.add_state(name, default=zeros, dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        """Add a batch's mass and residual to the grid."""
-        task = self._resolve(preds, target)
-        confidence, correct = CF.confidence_and_correct(preds, target, **self._options(task))
-        mass, residual = smooth_grid_statistics(confidence, correct)
-        self.mass.add_(mass)
-        self.residual.add_(residual)
-
-    def compute(self) -> Tensor:
-        """The smECE of everything seen (synced across processes); NaN before any sample."""
-        return smooth_calibration_error_from_grid(
-            self.mass, self.residual, bandwidth=self.bandwidth
-        )
-
-    def grid(self) -> tuple[Tensor, Tensor]:
-        """``(mass, residual)``: float64 ``[GRID_SIZE + 1]`` copies, synced under DDP."""
-        return self._synced(lambda: (self.mass.clone(), self.residual.clone()))
-
-    def curve(self) -> SmoothReliabilityCurve:
-        """The smoothed reliability diagram (see :func:`smooth_reliability_curve`), synced."""
-        return smooth_reliability_curve(*self.grid(), bandwidth=self.bandwidth)

@@ -5,7 +5,7 @@ The curve is the kernel-smoothed accuracy against the confidence, as in Błasiok
 bandwidth ``σ`` as the smECE (the automatic ``σ*`` unless given), drawn thicker where the
 kernel density of the confidences is higher, with that density in a panel below. It needs only
 the two arrays of :func:`~lightning_losses.calibration.smooth.smooth_grid_statistics` (the
-state of :class:`~lightning_losses.calibration.smooth.SmoothCalibrationError`). Figures use an
+state of :class:`~lightning_losses.calibration.metrics.SmoothCalibrationError`). Figures use an
 Agg canvas, never ``pyplot``, as :mod:`lightning_losses.calibration.diagram` does.
 """
 
@@ -95,7 +95,7 @@ def smooth_reliability_diagram(
     widths = MIN_LINE_WIDTH + (MAX_LINE_WIDTH - MIN_LINE_WIDTH) * middle / middle.max()
     ax.add_collection(
         LineCollection(
-            segments,
+            list(segments),  # one [2, 2] array per segment, the documented sequence
             linewidths=widths,
             colors="tab:red",
             capstyle="round",

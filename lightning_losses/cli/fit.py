@@ -67,6 +67,7 @@ from lightning_losses.tracking import (
     sqlite_file,
     without_redacted,
 )
+from lightning_losses.warning import LightningLossesWarning
 
 SUBCOMMANDS = LIGHTNING_COMMANDS
 #: The subcommands that evaluate a trained checkpoint: they refuse to run without one.
@@ -93,7 +94,7 @@ USAGE_ERROR = 2
 def tracking_logger_args(config: Any) -> list[Any]:
     """The ``init_args`` of every TrackingLogger in a subcommand's ``trainer.logger``."""
     logger = (config.get("trainer") or {}).get("logger")
-    entries = logger if isinstance(logger, list) else [logger]
+    entries: list[Any] = logger if isinstance(logger, list) else [logger]
     return [
         entry["init_args"]
         for entry in entries
@@ -133,7 +134,8 @@ def continue_checkpoint_run(init_args: Any, checkpoint_path: str, resume: bool) 
         rank_zero_warn(
             f"{checkpoint_path} belongs to MLflow run {info['run_id']} in "
             f"{redact_uri(recorded)}; the tracking URI chosen ({URI_OPTION} or "
-            f"MLFLOW_TRACKING_URI) is {redact_uri(chosen)}, so a new run starts there."
+            f"MLFLOW_TRACKING_URI) is {redact_uri(chosen)}, so a new run starts there.",
+            category=LightningLossesWarning,
         )
         return False
     timeout = float(init_args.get("connect_timeout") or 5.0)
@@ -362,6 +364,7 @@ class LossesCLI(TrackingCLI):
         self._print_results("test")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Link the data module's shape (features, classes, tasks, task) into the model's."""
         for source, target in (
             ("num_features", "input_dim"),
             ("num_classes", "num_classes"),

@@ -55,8 +55,10 @@ _PACKAGE = "lightning_losses."
 
 def usage_error(command: str | None, message: str) -> NoReturn:
     """Print ``lightning-losses COMMAND: error: MESSAGE`` on stderr and exit with status 2."""
+    from lightning_losses.cli.moved import moved_hint
+
     prog = f"{PROG} {command}" if command else PROG
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {moved_hint(message)}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
 
 
@@ -70,12 +72,12 @@ def innermost_cause(error: BaseException) -> BaseException:
 
 
 def first_sentence(text: str) -> str:
-    """The first sentence of a help text, on one line, with RST's double backquotes single.
+    r"""The first sentence of a help text, on one line, with RST's double backquotes single.
 
     Example:
         >>> first_sentence("Stop after N epochs. Disabled by default (``None``).")
         'Stop after N epochs.'
-        >>> first_sentence("Set it, e.g. to 2.\\nMore here.")
+        >>> first_sentence("Set it, e.g. to 2.\nMore here.")
         'Set it, e.g. to 2.'
     """
     words = " ".join(text.split()).replace("``", "`")
@@ -218,7 +220,7 @@ def union_errors(message: str) -> list[str]:
 
 
 def one_line(message: str, cause: BaseException | None = None) -> str:
-    """jsonargparse's (often multi-line) error message as one line that names the key.
+    """A (often multi-line) error message of jsonargparse as one line that names the key.
 
     The first line (``Parser key "trainer.max_epochs":``), then for a Union type the first
     error that is not a plain type mismatch (``Expected a <class 'str'>``) among the types

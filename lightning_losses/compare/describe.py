@@ -63,7 +63,8 @@ def _schedule_text(spec: Any) -> str:
     if not isinstance(spec, dict) or "class_path" not in spec:
         return _text(spec)
     name = class_name(spec["class_path"])
-    args = spec.get("init_args") if isinstance(spec.get("init_args"), dict) else {}
+    init_args = spec.get("init_args")
+    args: dict[str, Any] = init_args if isinstance(init_args, dict) else {}
     if "start_value" in args or "end_value" in args:
         text = f"{name} {_text(args.get('start_value'))}->{_text(args.get('end_value'))}"
         if "start" in args or "end" in args:

@@ -24,13 +24,17 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lightning_losses.compare.query import mlflow_client, resolve_tracking_uri
+from lightning_losses.warning import LightningLossesWarning
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.axes import Axes
-    from matplotlib.text import Text
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation, Text
     from matplotlib.transforms import Bbox
     from mlflow.tracking import MlflowClient
 
@@ -172,9 +176,17 @@ def _beside(
     return None if best is None else (best[0], best[2])
 
 
+def _root_figure(ax: Axes) -> Figure:
+    """The top-level figure ``ax`` is drawn in: the one that lays out and renders."""
+    from matplotlib.figure import Figure
+
+    fig = ax.figure
+    return fig if isinstance(fig, Figure) else fig.figure
+
+
 def _place_labels(
     ax: Axes, points: Sequence[tuple[float, float]], labels: Sequence[str]
-) -> list[Text] | None:
+) -> list[Annotation] | None:
     """Annotate each point with its label, no label overlapping another or any marker.
 
     Works in display pixels of the figure as laid out now, then fixes the layout (the labels'
@@ -184,8 +196,10 @@ def _place_labels(
     where it can sit beside its point clear of every marker (:func:`_label_spot`). Returns
     ``None`` (nothing drawn) when a label finds no place in the panel.
     """
-    fig = ax.figure
-    renderer = fig.canvas.get_renderer()
+    fig = _root_figure(ax)
+    # The figures drawn here are on an Agg canvas (comparison_figure makes them so; pyplot's
+    # interactive canvases derive from it): its renderer measures the texts in pixels.
+    renderer = cast("FigureCanvasAgg", fig.canvas).get_renderer()
     box = ax.get_window_extent(renderer)
     pixels = fig.dpi / 72.0  # pixels per point
     xy = ax.transData.transform(points)
@@ -236,7 +250,7 @@ def _place_labels(
 
 
 def _label_spot(
-    xy: Sequence[Sequence[float]],
+    xy: np.ndarray,
     i: int,
     extent: Bbox,
     box: Bbox,
@@ -338,10 +352,10 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
     ax.margins(0.15)
     if not points:
         return []
-    ax.figure.draw_without_rendering()  # lays the figure out and fixes the axis limits
+    _root_figure(ax).draw_without_rendering()  # lays the figure out and fixes the axis limits
     texts = _place_labels(ax, points, labels)
     if texts is not None:
-        return texts
+        return list(texts)
     columns = -(-len(points) // LEGEND_ROWS)
     legend = ax.legend(
         handles,
@@ -416,7 +430,11 @@ def _fetch_diagrams(
                 tracking_uri=tracking_uri,
             )
         except (OSError, MlflowException) as error:
-            warnings.warn(f"skipping the diagram of run {run_id}: {error}", stacklevel=2)
+            warnings.warn(
+                f"skipping the diagram of run {run_id}: {error}",
+                LightningLossesWarning,
+                stacklevel=2,
+            )
             continue
         found.append((row, Path(local)))
         if len(found) == limit:

@@ -536,51 +536,22 @@ def compare_groups(
     base = _baseline(groups, baseline)
     if pair_by is not None:
         _check_pairs(groups, base)
-    metric_keys = {
-        metric: keys
-        for metric, keys in _metric_keys().items()
-        if any(key in run.metrics for runs in groups.values() for run in runs for key in keys)
-    }
-    if not metric_keys:
-        raise ValueError(f"no run logged any of {', '.join(_metric_keys())}")
-    rows: list[GroupRow] = []
-    for metric, keys in metric_keys.items():
-        higher = metric.split("/", 1)[1] in HIGHER_IS_BETTER
-        margin = _margin(metric, margins)
-        base_values = _values(groups[base], keys)
-        for label, runs in groups.items():
-            values = _values(runs, keys)
-            mean = low = high = None
-            if values:
-                mean, low, high = t_interval(list(values.values()), level)
-            decision, note = None, None
-            if label == base:
-                note = "baseline"
-            elif not values or not base_values:
-                note = "not logged"
-            elif pair_by is not None:
-                try:
-                    differences = pair_by_seed(values, base_values)
-                except ValueError:
-                    note = "not paired"
-                    notes.append(
-                        f"{metric} of {label} not compared: logged for seeds "
-                        f"{sorted(values, key=_seed_order)}, by the baseline for "
-                        f"{sorted(base_values, key=_seed_order)}"
-                    )
-                else:
-                    decision = decide(
-                        differences, margin=margin, level=level, higher_is_better=higher
-                    )
-            else:
-                decision = decide(
-                    list(values.values()),
-                    list(base_values.values()),
-                    margin=margin,
-                    level=level,
-                    higher_is_better=higher,
-                )
-            rows.append(GroupRow(metric, label, values, mean, low, high, decision, note))
+    metric_keys = _logged_metrics(groups)
+    rows = [
+        _group_row(
+            metric,
+            label,
+            _values(runs, keys),
+            _values(groups[base], keys),
+            is_base=label == base,
+            paired=pair_by is not None,
+            margin=_margin(metric, margins),
+            level=level,
+            notes=notes,
+        )
+        for metric, keys in metric_keys.items()
+        for label, runs in groups.items()
+    ]
     seeds = {label: [r.seed for r in runs] for label, runs in groups.items()}
     return GroupComparison(
         group_by=key,
@@ -593,6 +564,79 @@ def compare_groups(
         notes=notes,
         runs=sum(len(runs) for runs in groups.values()),
     )
+
+
+def _logged_metrics(groups: Mapping[str, list[RunRecord]]) -> dict[str, tuple[str, ...]]:
+    """The compared metrics that some run logged, each with the keys it is read from.
+
+    Raises:
+        ValueError: no run logged any compared metric.
+    """
+    metric_keys = {
+        metric: keys
+        for metric, keys in _metric_keys().items()
+        if any(key in run.metrics for runs in groups.values() for run in runs for key in keys)
+    }
+    if not metric_keys:
+        raise ValueError(f"no run logged any of {', '.join(_metric_keys())}")
+    return metric_keys
+
+
+def _group_row(
+    metric: str,
+    label: str,
+    values: dict[Any, float],
+    base_values: dict[Any, float],
+    *,
+    is_base: bool,
+    paired: bool,
+    margin: float,
+    level: float,
+    notes: list[str],
+) -> GroupRow:
+    """One group's row for one metric: its interval and its decision against the baseline.
+
+    Args:
+        metric: the compared metric, e.g. ``val/acc``.
+        label: the group's label.
+        values: the group's value per seed (:func:`_values`).
+        base_values: the baseline group's.
+        is_base: the group is the baseline (no decision).
+        paired: differences paired by seed, else Welch's unpaired comparison.
+        margin: the metric's equivalence margin.
+        level: level of the intervals.
+        notes: a line is appended here when paired seeds do not match.
+    """
+    higher = metric.split("/", 1)[1] in HIGHER_IS_BETTER
+    mean = low = high = None
+    if values:
+        mean, low, high = t_interval(list(values.values()), level)
+    decision, note = None, None
+    if is_base:
+        note = "baseline"
+    elif not values or not base_values:
+        note = "not logged"
+    elif paired:
+        try:
+            differences = pair_by_seed(values, base_values)
+        except ValueError:
+            note = "not paired"
+            notes.append(
+                f"{metric} of {label} not compared: logged for seeds "
+                f"{sorted(values, key=_seed_order)}, by the baseline for "
+                f"{sorted(base_values, key=_seed_order)}"
+            )
+        else:
+            decision = decide(differences, margin=margin, level=level, higher_is_better=higher)
+    else:
+        decision = decide(
+            list(values.values()),
+            list(base_values.values()),
+            margin=margin,
+            level=level,
+            higher_is_better=higher,
+        )
+    return GroupRow(metric, label, values, mean, low, high, decision, note)
 
 
 def _check_pairs(groups: Mapping[str, list[RunRecord]], base: str) -> None:

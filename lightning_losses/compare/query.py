@@ -298,8 +298,8 @@ def _wall_time(start_ms: int | None, end_ms: int | None) -> float | None:
     """Seconds from start to end; a run without an end (still running) counts up to now."""
     if start_ms is None:
         return None
-    end_ms = end_ms if end_ms else time.time() * 1000.0
-    return max(0.0, (end_ms - start_ms) / 1000.0)
+    end = float(end_ms) if end_ms else time.time() * 1000.0
+    return max(0.0, (end - start_ms) / 1000.0)
 
 
 def _start_text(start_ms: int | None) -> str | None:
@@ -333,7 +333,7 @@ def fit_seconds(timestamps: Sequence[int], starts: Sequence[int]) -> float | Non
         >>> fit_seconds([1_500, 3_000, 9_000, 9_500], starts=[1_000, 8_000])  # resumed at 8 s
         3.5
     """
-    total, found = 0, False
+    total, found = 0.0, False
     bounds = [*starts, math.inf]
     for begin, end in itertools.pairwise(bounds):
         inside = [stamp for stamp in timestamps if begin <= stamp < end]

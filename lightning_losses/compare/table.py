@@ -119,10 +119,10 @@ def sort_rows(
     Raises:
         ValueError: ``sort_by`` is not a column.
     """
-    rows = [dict(row) for row in rows]
-    key = _sort_key(rows, sort_by)
-    present = [row for row in rows if row.get(key) is not None]
-    missing = [row for row in rows if row.get(key) is None]
+    copies = [dict(row) for row in rows]
+    key = _sort_key(copies, sort_by)
+    present = [row for row in copies if row.get(key) is not None]
+    missing = [row for row in copies if row.get(key) is None]
     return sorted(present, key=lambda row: row[key], reverse=descending) + missing
 
 

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_losses.data.samplers import ResumableDataLoader, UnpaddedDistributedSampler
+from lightning_losses.functional.checks import check_choice, check_fraction, check_int
 
 TASKS = ("multiclass", "binary", "multilabel", "nm")
 SPLITS = ("train", "val", "test")
@@ -19,11 +20,6 @@ SPLITS = ("train", "val", "test")
 # ----------------------------------------------------------------------------------------------
 # Shared machinery
 # ----------------------------------------------------------------------------------------------
-
-
-def _check_fraction(name: str, value: float) -> None:
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
 
 
 def _split_indices(
@@ -71,18 +67,15 @@ class _SplitDataModule(L.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-        _check_fraction("val_fraction", val_fraction)
-        _check_fraction("test_fraction", test_fraction)
+        batch_size = check_int("batch_size", batch_size, low=1)
+        seed = check_int("seed", seed, low=0, high=2**32 - 1)
+        check_fraction("val_fraction", val_fraction)
+        check_fraction("test_fraction", test_fraction)
         if val_fraction + test_fraction >= 1.0:
             raise ValueError(
                 f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}"
             )
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        num_workers = check_int("num_workers", num_workers, low=0)
         self.batch_size = batch_size
         self.seed = seed
         self.val_fraction = val_fraction
@@ -131,8 +124,7 @@ class _SplitDataModule(L.LightningDataModule):
 
     def dataset(self, split: str) -> TensorDataset:
         """The ``(features, target)`` dataset of ``split`` (``"train"``, ``"val"``, ``"test"``)."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_choice("split", split, SPLITS)
         index = self.split_indices[split]
         return TensorDataset(
             torch.from_numpy(np.array(self._features[index], dtype=np.float32)),

@@ -6,7 +6,8 @@ import functools
 
 import numpy as np
 
-from lightning_losses.data.base import _check_fraction, _SplitDataModule
+from lightning_losses.data.base import _SplitDataModule
+from lightning_losses.functional.checks import check_fraction, check_int, check_range
 
 
 @functools.cache
@@ -92,8 +93,7 @@ class LongTailedDigitsDataModule(_SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, seed, val_fraction, test_fraction, num_workers)
-        if not imbalance_ratio >= 1.0:
-            raise ValueError(f"imbalance_ratio must be >= 1, got {imbalance_ratio!r}")
+        check_range("imbalance_ratio", imbalance_ratio, low=1.0)
         self.imbalance_ratio = imbalance_ratio
         features, labels = _load_digits()
         splits = self._split(np.arange(len(labels)), labels)
@@ -151,9 +151,8 @@ class RareDigitDataModule(_SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, seed, val_fraction, test_fraction, num_workers)
-        if positive_digit not in range(10):
-            raise ValueError(f"positive_digit must be an integer in 0..9, got {positive_digit!r}")
-        _check_fraction("positive_fraction", positive_fraction)
+        positive_digit = check_int("positive_digit", positive_digit, low=0, high=9)
+        check_fraction("positive_fraction", positive_fraction)
         self.positive_digit = positive_digit
         self.positive_fraction = positive_fraction
         features, labels = _load_digits()

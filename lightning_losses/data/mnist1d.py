@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from lightning_losses.data.base import SPLITS, _check_fraction, _SplitDataModule
+from lightning_losses.data.base import SPLITS, _SplitDataModule
+from lightning_losses.functional.checks import check_choice, check_fraction, check_int, check_range
+from lightning_losses.warning import LightningLossesWarning
 
 __all__ = ["MNIST1DDataModule", "default_cache_dir"]
 
@@ -176,6 +178,7 @@ def _cached_dataset(args: dict[str, Any], directory: Path) -> tuple[dict[str, np
             warnings.warn(
                 f"MNIST-1D cache file {path} is corrupt or invalid ({type(error).__name__}: "
                 f"{error}); it is regenerated and overwritten",
+                LightningLossesWarning,
                 stacklevel=3,
             )
     arrays = _generate(args)
@@ -183,15 +186,61 @@ def _cached_dataset(args: dict[str, Any], directory: Path) -> tuple[dict[str, np
     return arrays, path
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+def _check_per_class_count(name: str, value: object, *, optional: bool = False) -> None:
+    """A number of sequences for mnist1d to generate: an int >= 10, a multiple of the classes."""
+    count = check_int(name, value, low=NUM_CLASSES)
+    if count % NUM_CLASSES:
+        alternative = "None or " if optional else ""
+        raise ValueError(
+            f"{name} must be {alternative}a multiple of {NUM_CLASSES} (mnist1d makes {name} // "
+            f"{NUM_CLASSES} per class), got {count}"
+        )
+
+
+def _check_new_seed(name: str, seed: object, taken: dict[int, str], repeats: str) -> None:
+    """A generation seed in ``[0, 2**32)`` that no other generated split uses (``taken``)."""
+    seed = check_int(name, seed, low=0, high=2**32 - 1)
+    if seed in taken:
+        raise ValueError(
+            f"{name} must differ from {taken[seed]}={seed} (the same seed would repeat "
+            f"{repeats}), got {seed}"
+        )
+
+
+def _checked_sizes(
+    num_samples: int,
+    train_split: float,
+    val_fraction: float,
+    test_samples: int | None,
+    generated_val: bool,
+) -> tuple[int, int]:
+    """``(n_train, n_val)``, once ``train_split`` is seen to leave sequences for every split.
+
+    ``train_split`` lies in ``(0, 1]`` (1.0 only with ``test_samples``), leaves at least one
+    training and one published test sequence, and, when validation is held out of training,
+    enough of each for the stratified split.
+    """
+    check_range("train_split", train_split, low=0.0, high=1.0, low_open=True)
+    if train_split == 1.0 and test_samples is None:
+        raise ValueError(
+            "train_split must be in (0, 1), or 1.0 together with test_samples (1.0 leaves "
+            "no published test sequences); got 1.0"
+        )
+    n_train, n_test = _split_sizes(num_samples, train_split)
+    if n_train < 1 or (test_samples is None and n_test < 1):
+        raise ValueError(
+            f"train_split={train_split} of num_samples={num_samples} leaves {n_train} "
+            f"training and {n_test} test sequences; both must be at least 1"
+        )
+    n_val = round(val_fraction * n_train)
+    if not generated_val and min(n_val, n_train - n_val) < NUM_CLASSES:
+        raise ValueError(
+            f"val_fraction={val_fraction} of {n_train} training sequences leaves {n_val} "
+            f"for validation and {n_train - n_val} for training; stratifying by the "
+            f"{NUM_CLASSES} labels needs at least {NUM_CLASSES} in each (raise "
+            "num_samples or train_split, or change val_fraction)"
+        )
+    return n_train, n_val
 
 
 class MNIST1DDataModule(_SplitDataModule):
@@ -294,74 +343,29 @@ class MNIST1DDataModule(_SplitDataModule):
         val_samples: int = 1000,
         val_seed: int = 2,
     ) -> None:
-        _check_fraction("val_fraction", val_fraction)
+        check_fraction("val_fraction", val_fraction)
         # The base checks batch_size, seed, val_fraction and num_workers. Its test_fraction (a
         # share of all samples) has no meaning here, where the test split is generated apart;
         # the placeholder passes its check and is replaced by the actual share below.
         super().__init__(batch_size, seed, val_fraction, (1.0 - val_fraction) / 2, num_workers)
-        _check_int("num_samples", num_samples, NUM_CLASSES)
-        if num_samples % NUM_CLASSES:
-            raise ValueError(
-                f"num_samples must be a multiple of {NUM_CLASSES} (mnist1d makes num_samples // "
-                f"{NUM_CLASSES} per class), got {num_samples}"
-            )
+        _check_per_class_count("num_samples", num_samples)
         if test_samples is not None:
-            _check_int("test_samples", test_samples, NUM_CLASSES)
-            if test_samples % NUM_CLASSES:
-                raise ValueError(
-                    f"test_samples must be None or a multiple of {NUM_CLASSES} (mnist1d makes "
-                    f"test_samples // {NUM_CLASSES} per class), got {test_samples}"
-                )
-        _check_int("generation_seed", generation_seed, 0, 2**32 - 1)
-        _check_int("test_seed", test_seed, 0, 2**32 - 1)
-        if test_samples is not None and test_seed == generation_seed:
-            raise ValueError(
-                f"test_seed must differ from generation_seed={generation_seed} (the same seed "
-                f"would repeat training sequences in the test set), got {test_seed}"
-            )
-        if val_source not in VAL_SOURCES:
-            raise ValueError(f"val_source must be one of {VAL_SOURCES}, got {val_source!r}")
+            _check_per_class_count("test_samples", test_samples, optional=True)
+        check_int("generation_seed", generation_seed, low=0, high=2**32 - 1)
+        taken = {generation_seed: "generation_seed"}
+        repeats = "training sequences in the test set"
+        _check_new_seed("test_seed", test_seed, taken if test_samples is not None else {}, repeats)
+        check_choice("val_source", val_source, VAL_SOURCES)
         generated_val = val_source == "generated"
         if generated_val:
-            _check_int("val_samples", val_samples, NUM_CLASSES)
-            if val_samples % NUM_CLASSES:
-                raise ValueError(
-                    f"val_samples must be a multiple of {NUM_CLASSES} (mnist1d makes "
-                    f"val_samples // {NUM_CLASSES} per class), got {val_samples}"
-                )
-            _check_int("val_seed", val_seed, 0, 2**32 - 1)
-            taken = {generation_seed: "generation_seed"}
+            _check_per_class_count("val_samples", val_samples)
             if test_samples is not None:
                 taken[test_seed] = "test_seed"
-            if val_seed in taken:
-                raise ValueError(
-                    f"val_seed must differ from {taken[val_seed]}={val_seed} (the same seed "
-                    f"would repeat its sequences in the validation set), got {val_seed}"
-                )
-        if (
-            isinstance(train_split, bool)
-            or not isinstance(train_split, (int, float))
-            or not 0.0 < train_split <= 1.0
-            or (train_split == 1.0 and test_samples is None)
-        ):
-            raise ValueError(
-                f"train_split must be in (0, 1), or 1.0 together with test_samples, got "
-                f"{train_split!r}"
-            )
-        n_train, n_test = _split_sizes(num_samples, train_split)
-        if n_train < 1 or (test_samples is None and n_test < 1):
-            raise ValueError(
-                f"train_split={train_split} of num_samples={num_samples} leaves {n_train} "
-                f"training and {n_test} test sequences; both must be at least 1"
-            )
-        n_val = round(val_fraction * n_train)
-        if not generated_val and min(n_val, n_train - n_val) < NUM_CLASSES:
-            raise ValueError(
-                f"val_fraction={val_fraction} of {n_train} training sequences leaves {n_val} "
-                f"for validation and {n_train - n_val} for training; stratifying by the "
-                f"{NUM_CLASSES} labels needs at least {NUM_CLASSES} in each (raise "
-                "num_samples or train_split, or change val_fraction)"
-            )
+            repeats = "its sequences in the validation set"
+            _check_new_seed("val_seed", val_seed, taken, repeats)
+        n_train, n_val = _checked_sizes(
+            num_samples, train_split, val_fraction, test_samples, generated_val
+        )
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
             raise TypeError(
                 f"cache_dir must be a path (str or os.PathLike) or None, got "
@@ -424,13 +428,18 @@ class MNIST1DDataModule(_SplitDataModule):
 
     @property
     def extra_splits(self) -> tuple[str, ...]:
-        """Splits beyond train / val / test: ``("published_test",)`` with ``test_samples``
-        (unless ``train_split=1.0`` leaves no published test sequences)."""
+        """Splits beyond train / val / test.
+
+        ``("published_test",)`` with ``test_samples``, unless ``train_split=1.0`` leaves no
+        published test sequences; else ``()``.
+        """
         return tuple(name for name in self.split_indices if name not in SPLITS)
 
     def dataset(self, split: str) -> TensorDataset:
-        """The ``(features, target)`` dataset of ``split``: ``"train"``, ``"val"``, ``"test"``
-        or one of :attr:`extra_splits`."""
+        """The ``(features, target)`` dataset of ``split``.
+
+        ``split`` is ``"train"``, ``"val"``, ``"test"`` or one of :attr:`extra_splits`.
+        """
         if split not in self.extra_splits:
             return super().dataset(split)
         index = self.split_indices[split]

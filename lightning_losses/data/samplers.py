@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from lightning_losses.functional.checks import check_int
+
 # ----------------------------------------------------------------------------------------------
 # Resumable, deterministic training loader
 # ----------------------------------------------------------------------------------------------
@@ -185,14 +187,6 @@ class ResumableDataLoader(DataLoader):
 # ----------------------------------------------------------------------------------------------
 
 
-def _checked_count(name: str, value: int | None, minimum: int) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
-    if value is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return value
-
-
 class UnpaddedDistributedSampler(DistributedSampler):
     """One process's share of an evaluation set: every sample once, no padding, no repeats.
 
@@ -246,8 +240,8 @@ class UnpaddedDistributedSampler(DistributedSampler):
         # DistributedSampler.__init__ is not called: it reads the process group now and pads.
         # Subclassing it only tells Lightning to leave this sampler in place.
         self.dataset = dataset
-        self._num_replicas = _checked_count("num_replicas", num_replicas, 1)
-        self._rank = _checked_count("rank", rank, 0)
+        self._num_replicas = check_int("num_replicas", num_replicas, low=1, optional=True)
+        self._rank = check_int("rank", rank, low=0, optional=True)
         self.epoch = 0
         self.seed = 0
         self.shuffle = False

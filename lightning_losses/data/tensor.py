@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_losses.data.base import TASKS, _SplitDataModule
+from lightning_losses.functional.checks import check_choice
 
 # ----------------------------------------------------------------------------------------------
 # The user's own arrays
@@ -48,8 +49,11 @@ def _column_index(column: str | int, header: list[str] | None, width: int) -> in
     return column % width
 
 
-def _check_labels(labels: np.ndarray, task: str) -> np.ndarray:
-    """Validate labels for ``task`` and cast them: int64 or float32, 1-D or 2-D as the task."""
+def _task_labels(labels: np.ndarray, task: str) -> np.ndarray:
+    """The labels read from a file, cast for ``task``: int64 or float32, 1-D or 2-D as the task.
+
+    Raises ``ValueError`` for labels the task cannot take (a file's content, not an argument).
+    """
     if task in ("multiclass", "binary"):
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
@@ -69,7 +73,7 @@ def _check_labels(labels: np.ndarray, task: str) -> np.ndarray:
 
 
 class TensorDataModule(_SplitDataModule):
-    """The user's own features and labels, from a ``.npz`` or ``.csv`` file.
+    r"""The user's own features and labels, from a ``.npz`` or ``.csv`` file.
 
     ``.npz``: the features are the array ``features_key`` (``[N, D]``, or ``[N, ...]``, which is
     flattened) and the labels the array ``labels_key``. ``.csv``: numeric cells, an optional
@@ -104,7 +108,7 @@ class TensorDataModule(_SplitDataModule):
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "data.csv"
         >>> rows = [f"{i},{i % 4},{i % 3}" for i in range(60)]
-        >>> _ = path.write_text("a,b,label\\n" + "\\n".join(rows))
+        >>> _ = path.write_text("a,b,label\n" + "\n".join(rows))
         >>> dm = TensorDataModule(str(path), label_column="label")
         >>> dm.num_features, dm.num_classes, len(dm.dataset("test"))
         (2, 3, 12)
@@ -124,8 +128,7 @@ class TensorDataModule(_SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, seed, val_fraction, test_fraction, num_workers)
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        check_choice("task", task, TASKS)
         self.path = path
         file = Path(path)
         if not file.is_file():
@@ -142,7 +145,7 @@ class TensorDataModule(_SplitDataModule):
                 f"features and labels have different lengths: {len(features)} and {len(labels)}"
             )
         features = features.reshape(len(features), -1).astype(np.float32)
-        labels = _check_labels(labels, task)
+        labels = _task_labels(labels, task)
         num_tasks = labels.shape[1] if task == "nm" else 1
         if task == "multiclass" or task == "nm":
             num_classes = int(labels.max()) + 1

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_class_vector,
     check_index_target,
     check_reduction,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import target_probability_loss
-from lightning_losses.functional._validation import check_range
+from lightning_losses.functional.checks import check_range
 from lightning_losses.functional.target_probability import check_no_label_smoothing
 
 __all__ = [

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_finite,
     check_ignore_index,
     check_range,

@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_flag,
     check_index_target,
+    check_int,
     check_range,
     check_reduction,
     check_same_device,
@@ -136,8 +137,7 @@ def check_exact(sigma: float | Tensor) -> None:
 def check_exact_options(*, log: bool, n_nodes: int) -> None:
     """``log`` a bool, ``n_nodes`` an integer ``>= 2``."""
     check_flag("log", log)
-    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 2:
-        raise ValueError(f"n_nodes must be an integer >= 2; got {n_nodes!r}")
+    check_int("n_nodes", n_nodes, low=2)
 
 
 def _check_sigma_tensor(sigma: Tensor, logits: Tensor, validate_args: bool) -> None:

@@ -36,11 +36,12 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import Phi, compute_dtype
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_class_indices,
     check_class_weights,
     check_finite,
     check_ignore_index,
+    check_int,
     check_reduction,
     check_same_device,
 )
@@ -173,10 +174,7 @@ def default_chunk_size(
 
 def check_chunk_size(chunk_size: int | None) -> None:
     """``chunk_size``: ``None`` or a positive integer."""
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
+    check_int("chunk_size", chunk_size, low=1, optional=True)
 
 
 def _check_class_weight(class_weight: Any, weight: Tensor, validate_args: bool) -> Tensor | None:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_choice,
     check_class_indices,
     check_finite,
@@ -116,7 +116,7 @@ def nm_categorical_crossentropy(
     Args:
         logits: ``[N, n, m]`` scores, ``m >= 2``.
         target: ``[N, n, m]`` soft labels in ``[0, 1]``, each task's ``m`` labels summing to 1
-            (within :func:`~lightning_losses.functional._validation.sum_tolerance`: 1e-3 for
+            (within :func:`~lightning_losses.functional.checks.sum_tolerance`: 1e-3 for
             float32), or ``[N, n]`` class indices in ``[0, m)``.
         variant: ``"pairwise"`` or ``"centered"``.
         reduction: ``"none"`` (shape ``[N]``), ``"mean"`` or ``"sum"``.

@@ -10,8 +10,9 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_finite,
+    check_int,
     check_logits,
     check_range,
     check_reduction,
@@ -36,8 +37,7 @@ def normface_min_scale(num_classes: int, p: float) -> float:
         >>> round(normface_min_scale(10, 0.9), 4)
         3.955
     """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an integer >= 2; got {num_classes!r}")
+    check_int("num_classes", num_classes, low=2)
     check_range("p", p, low=0.0, high=1.0, low_open=True, high_open=True)
     c = num_classes
     return (c - 1) / c * math.log((c - 1) * p / (1 - p))

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import target_probability_loss
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_range,
     check_reduction,
 )

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss, target_log_prob
-from lightning_losses.functional._validation import (
+from lightning_losses.functional.checks import (
     check_class_vector,
     check_index_target,
     check_range,

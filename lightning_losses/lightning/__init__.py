@@ -5,7 +5,9 @@
 - :mod:`~lightning_losses.lightning.classifier`: :class:`ClassifierModule`;
 - :mod:`~lightning_losses.lightning.backbones`: :class:`MLP` and :class:`CNN1D`;
   :mod:`~lightning_losses.lightning.backbone_spec`: backbones described in YAML;
-- :mod:`~lightning_losses.lightning.evaluation`: the one home of per-task NLL and accuracy.
+- :mod:`~lightning_losses.lightning.class_path`: the one place a ``class_path`` becomes an object;
+- :mod:`~lightning_losses.lightning.evaluation`: the float64 means that log per-task NLL and
+  accuracy (their per-term maths: :mod:`lightning_losses.functional.evaluation`).
 """
 
 from __future__ import annotations

@@ -8,10 +8,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_losses.lightning.mixin import _import_class
+from lightning_losses.lightning.class_path import import_path, instantiate
 
 
 def is_plain(value: Any) -> bool:
+    """Whether ``value`` is plain data (``None``, str, numbers, lists and str-keyed dicts of them).
+
+    Checkpoints keep plain hyper-parameters only, so that they load with ``weights_only=True``.
+
+    Example:
+        >>> is_plain({"hidden": [32, 16], "dropout": 0.1}), is_plain({"backbone": nn.ReLU()})
+        (True, False)
+    """
     if value is None or isinstance(value, (str, int, float, bool)):
         return True
     if isinstance(value, (list, tuple)):
@@ -29,29 +37,18 @@ DEFAULT_DROPOUT = 0.0
 def build_backbone(spec: Mapping[str, Any]) -> nn.Module:
     """Build a backbone from its ``{"class_path": ..., "init_args": {...}}`` description.
 
+    Raises:
+        ValueError: starting with ``backbone``, for a mapping with other keys, a path that does
+            not import or that names no ``nn.Module`` subclass
+            (:func:`~lightning_losses.lightning.class_path.instantiate`).
+
     Example:
-        >>> cnn = build_backbone(
-        ...     {"class_path": "lightning_losses.lightning.backbones.CNN1D", "init_args": {"channels": 8}}
-        ... )
+        >>> path = "lightning_losses.lightning.backbones.CNN1D"
+        >>> cnn = build_backbone({"class_path": path, "init_args": {"channels": 8}})
         >>> type(cnn).__name__, cnn.channels
         ('CNN1D', 8)
     """
-    spec = dict(spec)
-    class_path = spec.get("class_path")
-    init_args = spec.get("init_args") or {}
-    unknown = sorted(set(spec) - {"class_path", "init_args"})
-    if unknown or not isinstance(class_path, str) or not isinstance(init_args, Mapping):
-        raise ValueError(
-            "backbone mapping must be {'class_path': 'package.module.Class', 'init_args': "
-            f"{{...}}}}; got {spec!r}"
-        )
-    try:
-        cls = _import_class(class_path)
-    except ValueError as error:
-        raise ValueError(f"backbone: {error}") from None
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ValueError(f"backbone class_path {class_path!r} does not name an nn.Module class")
-    return cls(**dict(init_args))
+    return instantiate(spec, argument="backbone", base=nn.Module)
 
 
 def describe_backbone(backbone: nn.Module) -> dict[str, Any] | None:
@@ -72,7 +69,7 @@ def describe_backbone(backbone: nn.Module) -> dict[str, Any] | None:
     cls = type(backbone)
     class_path = f"{cls.__module__}.{cls.__qualname__}"
     try:
-        if _import_class(class_path) is not cls:
+        if import_path(class_path, argument="backbone") is not cls:
             return None
     except ValueError:
         return None

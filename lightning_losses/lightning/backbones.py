@@ -12,20 +12,14 @@ constructor arguments in ``init_args`` (a plain dict), so that a checkpoint can 
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor, nn
 
+from lightning_losses.functional.checks import check_int, check_range
+
 __all__ = ["CNN1D", "MLP"]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return int(value)
 
 
 class MLP(nn.Sequential):
@@ -55,17 +49,11 @@ class MLP(nn.Sequential):
     def __init__(
         self, input_dim: int, hidden: Sequence[int] = (128, 64), dropout: float = 0.0
     ) -> None:
-        input_dim = _check_positive_int("input_dim", input_dim)
+        input_dim = check_int("input_dim", input_dim, low=1)
         if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
             raise TypeError(f"hidden must be a sequence of positive ints; got {hidden!r}")
-        sizes = [_check_positive_int("hidden", size) for size in hidden]
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, numbers.Real)
-            or not 0.0 <= dropout < 1.0
-            or not math.isfinite(dropout)
-        ):
-            raise ValueError(f"dropout must be a number in [0, 1); got {dropout!r}")
+        sizes = [check_int("hidden", size, low=1) for size in hidden]
+        check_range("dropout", dropout, low=0.0, high=1.0, high_open=True)
         layers: list[nn.Module] = []
         width = input_dim
         for size in sizes:
@@ -109,7 +97,7 @@ class CNN1D(nn.Module):
 
     def __init__(self, channels: int = 25) -> None:
         super().__init__()
-        channels = _check_positive_int("channels", channels)
+        channels = check_int("channels", channels, low=1)
         self.conv1 = nn.Conv1d(1, channels, 5, stride=2, padding=1)
         self.conv2 = nn.Conv1d(channels, channels, 3, stride=2, padding=1)
         self.conv3 = nn.Conv1d(channels, channels, 3, stride=2, padding=1)
@@ -126,6 +114,7 @@ class CNN1D(nn.Module):
         return self.channels * length
 
     def forward(self, x: Tensor) -> Tensor:
+        """Features ``[N, F]`` of inputs ``[N, L]`` or ``[N, 1, L]``."""
         if x.dim() == 2:
             x = x.unsqueeze(1)
         if x.dim() != 3 or x.shape[1] != 1:

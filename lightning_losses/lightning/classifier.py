@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_losses.functional.evaluation import correct_terms, nll_terms
 from lightning_losses.heads import NormFaceHead
 from lightning_losses.lightning.backbone_spec import (
     DEFAULT_DROPOUT,
@@ -21,13 +22,9 @@ from lightning_losses.lightning.backbone_spec import (
     is_plain,
 )
 from lightning_losses.lightning.backbones import MLP
-from lightning_losses.lightning.evaluation import (
-    MeanOfTerms,
-    correct_terms,
-    evaluation_metrics,
-    nll_terms,
-)
-from lightning_losses.lightning.mixin import LossMixin, _import_class, describe_criterion
+from lightning_losses.lightning.class_path import instantiate
+from lightning_losses.lightning.evaluation import MeanOfTerms, evaluation_metrics
+from lightning_losses.lightning.mixin import LossMixin, describe_criterion
 
 TASKS = ("multiclass", "binary", "multilabel", "nm")
 HEADS = ("linear", "normface", "cosface", "arcface")
@@ -78,7 +75,9 @@ class ClassifierModule(LossMixin, L.LightningModule):
     to one process (:class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`, as the
     DataModules of :mod:`lightning_losses.data` do) they are exact over the whole split, however
     many samples each process holds. ``acc`` and ``nll`` are means over terms (samples; per task
-    for ``nm``; per label for ``binary`` and ``multilabel``). ``loss`` is the criterion's value
+    for ``nm``; per label for ``binary`` and ``multilabel``), the float32 terms of
+    :func:`~lightning_losses.functional.evaluation.correct_terms` and
+    :func:`~lightning_losses.functional.evaluation.nll_terms`. ``loss`` is the criterion's value
     on each batch weighted by the batch's number of samples: the exact mean over the split for
     criteria whose ``reduction="mean"`` is a mean over samples (or over a fixed number of terms
     per sample); for a class-weighted cross-entropy, which divides each batch by its sum of
@@ -170,8 +169,10 @@ class ClassifierModule(LossMixin, L.LightningModule):
                     f"{list(hidden)}, dropout={dropout}), or give backbone="
                     "lightning_losses.lightning.backbones.MLP with those arguments"
                 )
-        with warnings.catch_warnings():  # a backbone module is replaced by its description
-            warnings.filterwarnings("ignore", "Attribute 'backbone' is an instance of `nn.Module`")
+        with warnings.catch_warnings():  # criterion and backbone modules: replaced just below
+            warnings.filterwarnings(
+                "ignore", "Attribute '(backbone|criterion)' is an instance of `nn.Module`"
+            )
             self.save_hyperparameters()
         # Checkpoints must load with torch.load(weights_only=True): keep hparams plain.
         if not is_plain(self.hparams.get("criterion")):
@@ -259,12 +260,15 @@ class ClassifierModule(LossMixin, L.LightningModule):
             )
 
     def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:
+        """The batch's loss; logs ``train/loss`` and ``train/acc``."""
         return self._shared_step(batch, "train")["loss"]
 
     def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """``{"loss", "logits", "target"}``; accumulates ``val/loss``, ``val/acc``, ``val/nll``."""
         return self._shared_step(batch, "val")
 
     def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """As :meth:`validation_step`, for the ``test/*`` metrics."""
         return self._shared_step(batch, "test")
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -288,10 +292,10 @@ class ClassifierModule(LossMixin, L.LightningModule):
         self.log("time/epoch_seconds", seconds, sync_dist=True, reduce_fx="max")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The optimizer ``optimizer`` makes (a factory or a ``class_path`` mapping), else Adam."""
         factory = self.optimizer_factory
         if factory is None:
             return torch.optim.Adam(self.parameters(), lr=1e-3)
         if isinstance(factory, Mapping):  # a class_path mapping restored from a checkpoint
-            cls = _import_class(factory["class_path"])
-            return cls(self.parameters(), **dict(factory.get("init_args") or {}))
+            return instantiate(factory, self.parameters(), argument="optimizer")
         return factory(self.parameters())

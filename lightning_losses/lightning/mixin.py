@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_losses.lightning.class_path import instantiate
 from lightning_losses.registry import get_loss
 
 #: Lightning precisions that keep the weights and optimizer state in half precision too (no
@@ -40,18 +40,6 @@ def non_finite_message(what: str, precision: str, step: int) -> str:
 CriterionSpec = str | Mapping[str, Any] | nn.Module | Callable[[Tensor, Tensor], Tensor]
 
 
-def _import_class(class_path: str) -> type:
-    module_name, _, class_name = class_path.rpartition(".")
-    if not module_name:
-        raise ValueError(
-            f"class_path must be a dotted path 'package.module.Class'; got {class_path!r}"
-        )
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"class_path {class_path!r} cannot be imported: {error}") from None
-
-
 def build_criterion(
     spec: CriterionSpec, **hyperparameters: Any
 ) -> Callable[[Tensor, Tensor], Tensor]:
@@ -74,19 +62,16 @@ def build_criterion(
     if isinstance(spec, Mapping):
         spec = dict(spec)
         if "class_path" in spec:
-            class_path = spec.pop("class_path")
-            init_args = {**dict(spec.pop("init_args", None) or {}), **hyperparameters}
-            if spec:
+            class_path = spec["class_path"]
+            if not (isinstance(class_path, str) and "." not in class_path):
+                return instantiate(spec, argument="criterion", init_args=hyperparameters)
+            unknown = sorted(set(spec) - {"class_path", "init_args"})  # a registry name
+            if unknown:
                 raise ValueError(
-                    f"criterion mapping has unknown keys {sorted(spec)}; expected 'class_path' "
-                    "and 'init_args'"
+                    f"criterion mapping has unknown keys {unknown}; expected 'class_path' and "
+                    "'init_args'"
                 )
-            if "." not in class_path:
-                return get_loss(class_path, **init_args)
-            cls = _import_class(class_path)
-            if not callable(cls):
-                raise ValueError(f"class_path {class_path!r} does not name a class")
-            return cls(**init_args)
+            return get_loss(class_path, **{**dict(spec.get("init_args") or {}), **hyperparameters})
         if "name" in spec:
             name = spec.pop("name")
             return get_loss(name, **{**spec, **hyperparameters})

@@ -24,6 +24,7 @@ class LanguageModelCLI(TrackingCLI):
     """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Link ``data.vocab_size`` and ``data.context_length`` into the model's arguments."""
         for name in ("vocab_size", "context_length"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 

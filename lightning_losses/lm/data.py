@@ -57,10 +57,12 @@ class WordTokenizer:
 
     @property
     def unk_id(self) -> int:
+        """The id of the unknown-word token (the first id)."""
         return self._ids[self.unk_token]
 
     @property
     def eos_id(self) -> int:
+        """The id of the end-of-sentence token."""
         return self._ids[self.eos_token]
 
     def __len__(self) -> int:
@@ -234,7 +236,7 @@ class PydocTopicsDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        # Under DDP each window is validated by exactly one process (no padding, no repeats).
+        """In order; under DDP each window is validated by exactly one process (no padding)."""
         dataset = self.dataset("val")
         return DataLoader(
             dataset,

@@ -12,9 +12,10 @@ from torchmetrics import Metric
 
 from lightning_losses.functional.linear import linear_prediction_statistics
 from lightning_losses.lightning.backbone_spec import is_plain
+from lightning_losses.lightning.class_path import instantiate
 from lightning_losses.lightning.classifier import OptimizerFactory
 from lightning_losses.lightning.evaluation import MeanOfTerms
-from lightning_losses.lightning.mixin import LossMixin, _import_class, describe_criterion
+from lightning_losses.lightning.mixin import LossMixin, describe_criterion
 from lightning_losses.losses import LinearTargetLoss
 
 # ----------------------------------------------------------------------------------------------
@@ -26,7 +27,11 @@ class TokenCalibration(Metric):
     """Token NLL, accuracy and top-label ECE from per-token statistics, as float64 sums.
 
     ``update(log_p, confidence, correct)`` takes what
-    :func:`~lightning_losses.functional.linear.linear_prediction_statistics` returns. State:
+    :func:`~lightning_losses.functional.linear.linear_prediction_statistics` returns: chunk by
+    chunk, without the ``[N, V]`` logits, the terms that
+    :func:`~lightning_losses.functional.evaluation.nll_terms` (``-log_p``) and
+    :func:`~lightning_losses.functional.evaluation.correct_terms` (``correct``) give on the full
+    logits, so ``nll`` and ``acc`` are those of the one home of the formulas. State:
     the token count, the sum of ``-log p_t``, and per equal-width bin ``(k/B, (k+1)/B]`` the
     count, confidence sum and correct sum (:func:`lightning_losses.calibration.functional.binned_statistics`);
     DDP sums them. ``compute()`` gives ``{"nll", "ppl", "acc", "ece"}`` with ``ppl = exp(nll)``
@@ -53,6 +58,7 @@ class TokenCalibration(Metric):
         self.add_state("tokens", default=scalar.clone(), dist_reduce_fx="sum")
 
     def update(self, log_p: Tensor, confidence: Tensor, correct: Tensor) -> None:
+        """Add a batch's tokens: ``-log_p`` to the NLL sum, each pair to its bin."""
         from lightning_losses.calibration.functional import binned_statistics
 
         count, confidence_sum, correct_sum = binned_statistics(
@@ -65,6 +71,7 @@ class TokenCalibration(Metric):
         self.tokens += log_p.numel()
 
     def compute(self) -> dict[str, Tensor]:
+        """``{"nll", "ppl", "acc", "ece"}`` over every token seen (synced across processes)."""
         from lightning_losses.calibration.functional import calibration_error_from_bins
 
         tokens = self.tokens.clamp_min(1.0)
@@ -183,6 +190,7 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         return loss
 
     def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        """Accumulate ``val/loss`` and the token statistics of :class:`TokenCalibration`."""
         tokens, target = batch
         hidden, loss = self._loss(tokens, target)
         # A sum-state mean: exact under DDP whatever each process holds.
@@ -198,16 +206,17 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         self.val_calibration.update(*statistics)
 
     def on_validation_epoch_end(self) -> None:
+        """Log ``val/nll``, ``val/ppl``, ``val/acc`` and ``val/ece`` of the epoch's tokens."""
         results = self.val_calibration.compute()
         for name, value in results.items():
             self.log(f"val/{name}", value.float(), prog_bar=name == "ppl")
         self.val_calibration.reset()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The optimizer ``optimizer`` makes (a factory or a ``class_path`` mapping), else Adam."""
         factory = self.optimizer_factory
         if factory is None:
             return torch.optim.Adam(self.parameters(), lr=3e-3)
         if isinstance(factory, dict):  # a class_path mapping restored from a checkpoint
-            cls = _import_class(factory["class_path"])
-            return cls(self.parameters(), **dict(factory.get("init_args") or {}))
+            return instantiate(factory, self.parameters(), argument="optimizer")
         return factory(self.parameters())

@@ -195,8 +195,8 @@ def run_claim(
             for variant, seed in tasks
         ]
         for k, (variant, seed, future) in enumerate(futures, 1):
-            error = future.exception()  # waits, in submission order
-            report(k, variant, seed, error if error is not None else future.result())
+            raised = future.exception()  # waits, in submission order
+            report(k, variant, seed, raised if raised is not None else future.result())
     return runs, reused_count, failures
 
 

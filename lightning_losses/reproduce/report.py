@@ -249,8 +249,10 @@ def best_variant(result: ClaimResult, metric: str, exclude: str = "ce") -> str |
 
 
 def scaling_reliability_figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
-    """Test reliability diagrams of CE and of the loss with the lowest mean test ECE, before
-    and after temperature scaling (first seed), from the bins logged in MLflow."""
+    """Test reliability diagrams before and after temperature scaling, from MLflow's bins.
+
+    Of CE and of the loss with the lowest mean test ECE, first seed.
+    """
     from lightning_losses.calibration.diagram import reliability_diagram
 
     best = best_variant(result, "rep/test_ece")

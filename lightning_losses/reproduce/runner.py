@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from lightning_losses.functional.evaluation import correct_terms, task_accuracy, task_nll
 from lightning_losses.reproduce import version
 from lightning_losses.reproduce.spec import Claim, Variant, config_path
 
@@ -174,7 +175,7 @@ def multiclass_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, 
 
     options = {"input_format": "logits", "task": "multiclass"}
     probs = torch.softmax(logits, dim=1)
-    accuracy = float((logits.argmax(1) == target).float().mean())
+    accuracy = float(task_accuracy(logits, target, "multiclass"))
     confidence = float(probs.max(1).values.mean())
     return {
         "acc": accuracy,
@@ -195,7 +196,6 @@ def binary_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, floa
     score = torch.sigmoid(logits).numpy()
     precision, recall, _ = precision_recall_curve(y, score)
     reachable = recall[precision >= RECALL_AT_PRECISION]
-    nll = torch.nn.functional.binary_cross_entropy_with_logits(logits, target.float())
     return {
         "pr_auc": float(average_precision_score(y, score)),
         "f1": float(f1_score(y, score > 0.5, zero_division=0)),
@@ -203,17 +203,16 @@ def binary_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, floa
         "ece": float(
             calibration_error(logits, target.float(), n_bins=N_BINS, input_format="logits")
         ),
-        "nll": float(nll),
-        "acc": float(((score > 0.5) == (y > 0.5)).mean()),
+        "nll": float(task_nll(logits, target, "binary")),
+        "acc": float(correct_terms(logits, target, "binary").double().mean()),
     }
 
 
 def nm_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     """How often the target ranks first in each task, and the softmax NLL per task."""
-    flat = logits.flatten(0, 1)
     return {
-        "acc": float((logits.argmax(2) == target).float().mean()),
-        "nll": float(torch.nn.functional.cross_entropy(flat, target.flatten())),
+        "acc": float(task_accuracy(logits, target, "nm")),
+        "nll": float(task_nll(logits, target, "nm")),
     }
 
 

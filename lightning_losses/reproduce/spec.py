@@ -529,7 +529,8 @@ def verdict_text(conditions: Sequence[Condition]) -> str:
         return f"{UNDECIDED} (needs at least 2 seeds)"
     if any(d.seeds_needed is None for d in open_):
         return f"{UNDECIDED} (needs more than {MAX_SEEDS} seeds)"
-    return f"{UNDECIDED} (needs ~{max(d.seeds_needed for d in open_)} seeds)"
+    needed = [d.seeds_needed for d in open_ if d.seeds_needed is not None]  # all, checked above
+    return f"{UNDECIDED} (needs ~{max(needed)} seeds)"
 
 
 def mean_of(table: Table, variant: str, metric: str) -> float:

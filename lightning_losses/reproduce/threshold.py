@@ -1,5 +1,6 @@
-"""Claim 1
-(Su Jianlin, "How to train your accuracy?"): the one-parameter threshold model on three points.
+"""Claim 1: the one-parameter threshold model on three points.
+
+From Su Jianlin, "How to train your accuracy?".
 
 Data ``(-0.25, -1), (0, -1), (0.25, +1)``, model ``f(x) = k (x - b)`` with ``k = 1`` (no
 temperature) or ``k`` learnable. Sigmoid cross-entropy ``sum log(1 + exp(-l f(x)))`` and hinge

@@ -16,6 +16,7 @@ Standard library only.
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,9 +45,17 @@ def source_files(root: Path | None = None) -> list[Path]:
     :data:`CONFIG_PATTERNS`; ``configs`` may be a link to the repository's ``configs/``.
     """
     root = package_root() if root is None else root
+    # os.walk with followlinks: ``callbacks`` is a link to the top-level callbacks/ folder in a
+    # checkout (Path.rglob does not enter linked folders)
+    found = (
+        Path(folder) / name
+        for folder, _, names in os.walk(root, followlinks=True)
+        for name in names
+        if name.endswith(".py")
+    )
     files = {
         p
-        for p in root.rglob("*.py")
+        for p in found
         if p.is_file() and not p.relative_to(root).as_posix().startswith(READERS_ONLY)
     }
     for pattern in CONFIG_PATTERNS:

@@ -10,6 +10,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from lightning_losses.warning import LightningLossesRuntimeWarning
+
 Item = TypeVar("Item")
 
 #: The most items sent in one call (MLflow's ``log_batch`` takes at most 1,000 metrics).
@@ -155,7 +157,7 @@ class BackgroundSender(Generic[Item]):
                 warnings.warn(
                     f"{self.name}: {len(batch)} items could be neither sent nor kept "
                     f"({type(error).__name__}: {error})",
-                    RuntimeWarning,
+                    LightningLossesRuntimeWarning,
                     stacklevel=1,
                 )
             finally:

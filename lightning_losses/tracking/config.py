@@ -46,6 +46,7 @@ class TrackingConfigCallback(SaveConfigCallback):
     """
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Save the config as Lightning does, into the run folder when a logger has one."""
         if not any(hasattr(logger, "local_run_dir") for logger in trainer.loggers):
             super().setup(trainer, pl_module, stage)
             return
@@ -57,6 +58,7 @@ class TrackingConfigCallback(SaveConfigCallback):
             self.save_to_log_dir = kept
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Log the redacted config to each tracking logger: file, flat params and tags."""
         loggers = [logger for logger in trainer.loggers if hasattr(logger, "log_file")]
         if not loggers:
             return
@@ -83,10 +85,12 @@ class TrackingConfigCallback(SaveConfigCallback):
                 logger.model_param_prefix = model_prefix
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Print the criterion and the callbacks that change it (rank 0)."""
         if trainer.is_global_zero:
             print(f"lightning-losses fit: {describe_fit(pl_module, trainer.callbacks)}", flush=True)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        """Print the run, its final values, diagram, checkpoint folder and viewer (rank 0)."""
         if not trainer.is_global_zero:
             return
         folders = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
@@ -98,6 +102,7 @@ class TrackingConfigCallback(SaveConfigCallback):
                 print(f"lightning-losses fit: {summary}", flush=True)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        """Store the MLflow run (id, experiment, redacted URI) in the checkpoint."""
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger._run_id is not None:
                 checkpoint[CHECKPOINT_KEY] = {

@@ -46,6 +46,7 @@ from lightning_losses.tracking.uri import (
     resolve_tracking_uri,
     without_redacted,
 )
+from lightning_losses.warning import LightningLossesRuntimeWarning, LightningLossesWarning
 
 
 @contextmanager
@@ -96,7 +97,7 @@ def _metric_key(key: str) -> str:
         rank_zero_warn(
             "MLFlow only allows '_', '/', '.' and ' ' special characters in metric name."
             f" Replacing {key} with {cleaned}.",
-            category=RuntimeWarning,
+            category=LightningLossesRuntimeWarning,
         )
     return cleaned
 
@@ -259,7 +260,8 @@ class TrackingLogger(MLFlowLogger):
             if pid is not None and pid != os.getpid() and _process_exists(pid):
                 rank_zero_warn(
                     f"MLflow run {run_id} is RUNNING and its process {pid} still exists on "
-                    "this host: two fits would log into one run. Stop it before resuming."
+                    "this host: two fits would log into one run. Stop it before resuming.",
+                    category=LightningLossesWarning,
                 )
             previous = "KILLED"
         return max(_marker_tags(run.data.tags), default=0) + 1, previous
@@ -311,10 +313,12 @@ class TrackingLogger(MLFlowLogger):
 
     @property
     def log_dir(self) -> str:
+        """The run folder (:attr:`local_run_dir`) as a string, where Lightning writes logs."""
         return str(self.local_run_dir)
 
     @property
     def spool_path(self) -> Path:
+        """The run's spool file: records the tracking server could not take, for replay."""
         return self.local_run_dir / SPOOL_NAME
 
     # --- the spool ------------------------------------------------------------------------
@@ -334,7 +338,8 @@ class TrackingLogger(MLFlowLogger):
                 f"MLflow tracking at {redact_uri(self._tracking_uri)} failed "
                 f"({cause}). "
                 f"Training goes on; what cannot be sent is kept in {path}. Replay it "
-                f"with `{self.replay_command()}` once the cause is mended."
+                f"with `{self.replay_command()}` once the cause is mended.",
+                category=LightningLossesWarning,
             )
         self.spooled += 1
 
@@ -361,7 +366,10 @@ class TrackingLogger(MLFlowLogger):
         batch = []
         for key, value in metrics.items():
             if isinstance(value, str):
-                rank_zero_warn(f"MLflow takes numbers only: metric {key}={value!r} is not logged.")
+                rank_zero_warn(
+                    f"MLflow takes numbers only: metric {key}={value!r} is not logged.",
+                    category=LightningLossesWarning,
+                )
                 continue
             key, value = _metric_key(key), float(value)
             if self._queued_values.get(key) == value:
@@ -437,6 +445,7 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set the run's tags (secrets redacted; spooled if the server fails)."""
         tags = {k: redact_text(str(v), self._tracking_uri) for k, v in tags.items()}
         try:
             for key, value in tags.items():
@@ -520,9 +529,12 @@ class TrackingLogger(MLFlowLogger):
 
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        # Lightning calls this after every save; keep the first callback that tracks a best
-        # model (one with a monitor: the config's first, ``trainer.checkpoint_callback``), not
-        # LastCheckpoint nor a monitor-less or later one a user added.
+        """Flush the metrics and remember which checkpoint callback's best model to log.
+
+        Lightning calls this after every save; the first callback that tracks a best model is
+        kept (one with a monitor: the config's first, ``trainer.checkpoint_callback``), not
+        ``LastCheckpoint`` nor a monitor-less or later one a user added.
+        """
         self._record_resume()
         self._metric_sender.flush()  # a checkpoint's metrics are in the store (or spool) first
         kept = self._checkpoint_callback
@@ -552,7 +564,8 @@ class TrackingLogger(MLFlowLogger):
                 kept = "is left as it was"
             rank_zero_warn(
                 f"The resume of MLflow run {self._run_id} failed before its first step; the run "
-                f"{kept}."
+                f"{kept}.",
+                category=LightningLossesWarning,
             )
             return
         self._record_resume()
@@ -574,7 +587,8 @@ class TrackingLogger(MLFlowLogger):
                 f"{self.spooled} tracking calls were not recorded in "
                 f"{redact_uri(self._tracking_uri)} (the first failure: {self.first_failure}); "
                 f"they are in {self.spool_path}: `{self.replay_command()}` replays them once "
-                "the cause is mended (credentials from the environment)"
+                "the cause is mended (credentials from the environment)",
+                category=LightningLossesWarning,
             )
 
     def replay_command(self) -> str:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 def flatten(
-    config: Mapping[str, Any], prefix: str = "", *, drop_none: bool = False
+    config: Mapping[Any, Any] | Sequence[Any], prefix: str = "", *, drop_none: bool = False
 ) -> dict[str, str]:
     """Flatten nested mappings and lists to dotted keys with string values.
 
     Args:
-        config: nested mappings and lists.
+        config: nested mappings and lists (a list's items are keyed by their index).
         prefix: put before every key.
         drop_none: leave out the keys whose value is ``None`` (an unset option says nothing a
             missing param does not; MLflow params are for values).
@@ -27,7 +24,9 @@ def flatten(
         {'model.margin': '0.0'}
     """
     flat: dict[str, str] = {}
-    items = config.items() if isinstance(config, Mapping) else enumerate(config)
+    items: Iterable[tuple[Any, Any]] = (
+        config.items() if isinstance(config, Mapping) else enumerate(config)
+    )
     for key, value in items:
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and value):

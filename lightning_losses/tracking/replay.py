@@ -343,7 +343,8 @@ class _Ranges(list[tuple[int, int]]):
         else:
             self.append((start, size))
 
-    def copy(self, source: IO[bytes], target: IO[bytes]) -> None:
+    def copy_bytes(self, source: IO[bytes], target: IO[bytes]) -> None:
+        """Copy these ranges of ``source`` to ``target``, in order (not ``list.copy``)."""
         for start, size in self:
             copy_bytes(source, target, start, size)
 
@@ -362,7 +363,7 @@ def _append_journal(path: Path, source: IO[bytes], replayed: _Ranges) -> None:
     """Append the replayed lines to ``<spool>.synced`` (never through a symbolic link)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     with os.fdopen(os.open(path.with_name(path.name + SYNCED_SUFFIX), flags, 0o666), "ab") as out:
-        replayed.copy(source, out)
+        replayed.copy_bytes(source, out)
         out.flush()
         os.fsync(out.fileno())
 
@@ -389,7 +390,7 @@ def _settle(path: Path, seen: int, digest: bytes, kept: _Ranges, replayed: _Rang
         descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(descriptor, "wb") as out:
-                kept.copy(handle, out)
+                kept.copy_bytes(handle, out)
                 out.flush()
                 os.fchmod(out.fileno(), stat.S_IMODE(os.fstat(handle.fileno()).st_mode))
                 os.fsync(out.fileno())

@@ -126,8 +126,16 @@ def _parse_line(raw: bytes, ended: bool) -> tuple[dict[str, Any] | None, str | N
         return None, _too_long(len(raw))
     if not ended:
         return None, "cut off: no newline at its end (a write interrupted by a kill?)"
+    record, problem = _decode_json(raw)
+    if problem is None:
+        problem = _record_problem(record)
+    return (None, problem) if problem is not None else (record, None)
+
+
+def _decode_json(raw: bytes) -> tuple[Any, str | None]:
+    """The JSON value of a line, or ``(None, why it cannot be read)``."""
     try:
-        record = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8")), None
     except UnicodeDecodeError as error:
         return None, f"not UTF-8 text (byte {error.start + 1} is not)"
     except json.JSONDecodeError as error:
@@ -136,22 +144,26 @@ def _parse_line(raw: bytes, ended: bool) -> tuple[dict[str, Any] | None, str | N
         return None, "not a spool record (JSON nested too deeply)"
     except ValueError as error:  # e.g. an integer longer than Python converts
         return None, f"not a spool record ({' '.join(str(error).split())[:200]})"
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes a JSON value not a spool record (``None``: it is one)."""
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
-        return None, "not a spool record (a JSON object with 'kind' and a string 'run_id')"
+        return "not a spool record (a JSON object with 'kind' and a string 'run_id')"
     if not record["run_id"]:
-        return None, "not a spool record (its 'run_id' is empty)"
+        return "not a spool record (its 'run_id' is empty)"
     if record.get("kind") not in SPOOL_KINDS:
-        return None, f"unknown record kind {record.get('kind')!r:.100}"
+        return f"unknown record kind {record.get('kind')!r:.100}"
     if not isinstance(record.get("tracking_uri", ""), (str, type(None))):
-        return None, "not a spool record (its 'tracking_uri' is not a string)"
-    return record, None
+        return "not a spool record (its 'tracking_uri' is not a string)"
+    return None
 
 
 def read_spool(data: bytes) -> list[SpoolLine]:
-    """The non-blank lines of a spool, each with its record or what is wrong with it.
+    r"""The non-blank lines of a spool, each with its record or what is wrong with it.
 
     Example:
-        >>> data = b'{"kind": "tags", "run_id": "r", "tags": {}}\\nnot json\\n{"kind": "met'
+        >>> data = b'{"kind": "tags", "run_id": "r", "tags": {}}\nnot json\n{"kind": "met'
         >>> [(line.number, line.problem is None) for line in read_spool(data)]
         [(1, True), (2, False), (3, False)]
     """
@@ -178,7 +190,7 @@ class _Digest(Protocol):
 def iter_spool(
     handle: IO[bytes], limit: int | None = None, digest: _Digest | None = None
 ) -> Iterator[SpoolLine]:
-    """The non-blank lines of an open spool file, read one at a time from its start.
+    r"""The non-blank lines of an open spool file, read one at a time from its start.
 
     Memory stays bounded whatever the file holds: a line longer than :data:`MAX_LINE_BYTES`
     is skipped unread (its ``raw`` is empty, its ``problem`` says how long it is).
@@ -190,7 +202,7 @@ def iter_spool(
 
     Example:
         >>> import io
-        >>> data = b'{"kind": "tags", "run_id": "r", "tags": {}}\\n\\xff\\n'
+        >>> data = b'{"kind": "tags", "run_id": "r", "tags": {}}\n\xff\n'
         >>> [(line.number, line.problem) for line in iter_spool(io.BytesIO(data))]
         [(1, None), (2, 'not UTF-8 text (byte 1 is not)')]
     """

@@ -61,7 +61,7 @@ def final_values(metrics: Mapping[str, Any], keys: Sequence[str] = SUMMARY_METRI
 
 def describe_run(
     logger: Any,
-    checkpoint_dirs: Iterable[str],
+    checkpoint_dirs: Iterable[str | Path | None],
     metrics: Mapping[str, Any] | None = None,
     diagram: str | Path | None = None,
 ) -> str:
@@ -69,7 +69,8 @@ def describe_run(
 
     Args:
         logger: an ``MLFlowLogger`` (such as :class:`TrackingLogger`) whose run has started.
-        checkpoint_dirs: the folders the fit's checkpoints were written to.
+        checkpoint_dirs: the folders the fit's checkpoints were written to (``None``, a
+            checkpoint callback without a folder, is left out).
         metrics: the values logged last (``trainer.callback_metrics``): ``val/acc``,
             ``val/nll`` and ``val/ece`` are shown, 4 decimals, those present.
         diagram: the last reliability diagram written (``CalibrationMonitor.last_diagram``).

@@ -248,8 +248,10 @@ def _without_credentials(uri: str) -> str:
 
 
 def _secrets(uri: str) -> list[str]:
-    """The secret values of ``uri`` (its password and secret query values), as written and
-    percent-decoded."""
+    """The secret values of ``uri``: its password and secret query values.
+
+    Each as written and percent-decoded, longest first.
+    """
     _, authority, _, query, _ = _parts(uri)
     found = [_split_authority(authority)[1] or ""]
     for pair in query.split("&") if query else []:
@@ -261,11 +263,12 @@ def _secrets(uri: str) -> list[str]:
 
 
 def redact_text(text: str, uri: str | None = None) -> str:
-    """``text`` with the password of any ``scheme://user:password@`` in it, and the secret
-    values of ``uri`` wherever they occur (4 characters or more), replaced by ``***``.
+    """``text`` with passwords and the secret values of ``uri`` replaced by ``***``.
 
-    For messages that may quote a URI, such as an MLflow client's error, which names the
-    request's address with its user info.
+    The password of any ``scheme://user:password@`` in ``text`` is replaced, and so are the
+    secret values of ``uri`` wherever they occur (4 characters or more). For messages that
+    may quote a URI, such as an MLflow client's error, which names the request's address with
+    its user info.
 
     Example:
         >>> redact_text("API request to http://u:pw@h:5000/api failed", "http://u:pw@h:5000")

@@ -17,15 +17,13 @@
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ddp import spawn_gloo
 from scipy import stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -339,40 +337,29 @@ def test_level_outside_the_unit_interval_is_an_error_naming_level():
 SHARES = (1001, 517)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        logits, target = _data()
-        start = sum(SHARES[:rank])
-        mine = torch.arange(start, start + SHARES[rank])  # contiguous, uneven: with index
-        interval = CalibrationErrorInterval(**OPTIONS)
-        debiased = DebiasedCalibrationError(input_format="logits", ignore_index=-100)
-        for rows in mine.split((300, 128)[rank]):
-            interval.update(logits[rows], target[rows], index=rows)
-            debiased.update(logits[rows], target[rows])
-        strided = torch.arange(rank, 1518, 2)  # UnpaddedDistributedSampler's share: default
-        summary = CalibrationSummary(intervals=True, debiased=True, smooth=True, **OPTIONS)
-        for rows in strided.split((97, 250)[rank]):
-            summary.update(logits[rows], target[rows])
-        results = {
-            "interval": interval.compute(),
-            "debiased": debiased.compute(),
-            "summary": summary.compute(),
-        }
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out: str) -> None:
+    logits, target = _data()
+    start = sum(SHARES[:rank])
+    mine = torch.arange(start, start + SHARES[rank])  # contiguous, uneven: with index
+    interval = CalibrationErrorInterval(**OPTIONS)
+    debiased = DebiasedCalibrationError(input_format="logits", ignore_index=-100)
+    for rows in mine.split((300, 128)[rank]):
+        interval.update(logits[rows], target[rows], index=rows)
+        debiased.update(logits[rows], target[rows])
+    strided = torch.arange(rank, 1518, 2)  # UnpaddedDistributedSampler's share: default
+    summary = CalibrationSummary(intervals=True, debiased=True, smooth=True, **OPTIONS)
+    for rows in strided.split((97, 250)[rank]):
+        summary.update(logits[rows], target[rows])
+    results = {
+        "interval": interval.compute(),
+        "debiased": debiased.compute(),
+        "summary": summary.compute(),
+    }
+    torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
 def test_two_gloo_processes_with_uneven_shares_equal_one_process(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_worker, str(tmp_path))
     logits, target = _data()
     want = torch.stack(calibration_error_interval(logits, target, **OPTIONS))
     single = CalibrationSummary(intervals=True, debiased=True, smooth=True, **OPTIONS)

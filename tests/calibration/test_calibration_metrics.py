@@ -14,17 +14,15 @@ from __future__ import annotations
 import ast
 import json
 import math
-import socket
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ddp import spawn_gloo
 from netcal.metrics import ACE, ECE, MCE
 from torchmetrics.functional.classification import (
     binary_calibration_error,
@@ -523,52 +521,35 @@ def _ddp_data():
     return make_data("multiclass", n=DDP_ROWS, classes=5, seed=8)
 
 
-def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        probs, _, target = _ddp_data()
-        part = slice(0, DDP_SPLIT) if rank == 0 else slice(DDP_SPLIT, DDP_ROWS)
-        metrics = all_metrics("multiclass", num_classes=5)
-        for metric in metrics.values():
-            preds, labels = probs[part], target[part]
-            half = len(labels) // 3  # two updates of different sizes per rank
-            metric.update(preds[:half], labels[:half])
-            metric.update(preds[half:], labels[half:])
-        values = {name: metric.compute().item() for name, metric in metrics.items()}
-        summary = cal.CalibrationSummary(num_classes=5, n_bins=B)
-        summary.update(probs[part][:7], target[part][:7])
-        summary.update(probs[part][7:], target[part][7:])
-        summary_values = {name: value.item() for name, value in summary.compute().items()}
-        bins = [b.tolist() for b in metrics["ce_l1"].bins()]
-        local = metrics["ce_l1"].count.sum().item()  # state restored after the sync
-        result = {
-            "rank": dist.get_rank(),
-            "world_size": dist.get_world_size(),
-            "values": values,
-            "summary": summary_values,
-            "bins": bins,
-            "local_count": local,
-        }
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ddp_worker(rank: int, out_dir: str) -> None:
+    probs, _, target = _ddp_data()
+    part = slice(0, DDP_SPLIT) if rank == 0 else slice(DDP_SPLIT, DDP_ROWS)
+    metrics = all_metrics("multiclass", num_classes=5)
+    for metric in metrics.values():
+        preds, labels = probs[part], target[part]
+        half = len(labels) // 3  # two updates of different sizes per rank
+        metric.update(preds[:half], labels[:half])
+        metric.update(preds[half:], labels[half:])
+    values = {name: metric.compute().item() for name, metric in metrics.items()}
+    summary = cal.CalibrationSummary(num_classes=5, n_bins=B)
+    summary.update(probs[part][:7], target[part][:7])
+    summary.update(probs[part][7:], target[part][7:])
+    summary_values = {name: value.item() for name, value in summary.compute().items()}
+    bins = [b.tolist() for b in metrics["ce_l1"].bins()]
+    local = metrics["ce_l1"].count.sum().item()  # state restored after the sync
+    result = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "values": values,
+        "summary": summary_values,
+        "bins": bins,
+        "local_count": local,
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def test_ddp_two_processes_match_single_process(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_ddp_worker, str(tmp_path))
     probs, _, target = _ddp_data()
     expected = functional_values(probs, target)
     count, conf_sum, correct_sum = cal.binned_statistics(

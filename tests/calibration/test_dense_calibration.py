@@ -11,13 +11,11 @@ of different sizes) covers every Metric, the new ``BrierDecomposition`` and ``AU
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ddp import spawn_gloo
 
 from lightning_losses.calibration import (
     AURC,
@@ -218,36 +216,23 @@ def test_dense_shape_errors_name_the_shapes():
 # --- two gloo processes -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SHARES)
-    )
-    try:
-        torch.set_num_threads(1)
-        logits, target = _images()
-        start = sum(SHARES[:rank])
-        mine = slice(start, start + SHARES[rank])
-        results = {}
-        for name, factory in METRICS.items():
-            metric = factory(input_format="logits", ignore_index=IGNORE)
-            for images, labels in zip(
-                logits[mine].split(BATCHES[rank]), target[mine].split(BATCHES[rank]), strict=True
-            ):
-                metric.update(images, labels)
-            results[name] = _values(metric.compute())
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out: str) -> None:
+    logits, target = _images()
+    start = sum(SHARES[:rank])
+    mine = slice(start, start + SHARES[rank])
+    results = {}
+    for name, factory in METRICS.items():
+        metric = factory(input_format="logits", ignore_index=IGNORE)
+        for images, labels in zip(
+            logits[mine].split(BATCHES[rank]), target[mine].split(BATCHES[rank]), strict=True
+        ):
+            metric.update(images, labels)
+        results[name] = _values(metric.compute())
+    torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
 def test_two_gloo_processes_give_the_values_of_all_pixels(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=len(SHARES), join=True)
+    spawn_gloo(_worker, str(tmp_path), processes=len(SHARES))
     logits, target = _images()
     rows, labels = _by_hand(logits, target)
     for name, factory in METRICS.items():

@@ -18,9 +18,9 @@ import relplot
 import torch
 from matplotlib.figure import Figure
 
+from lightning_losses.calibration.metrics import SmoothCalibrationError
 from lightning_losses.calibration.smooth import (
     GRID_SIZE,
-    SmoothCalibrationError,
     smooth_calibration_error,
     smooth_calibration_error_from_grid,
     smooth_grid_statistics,

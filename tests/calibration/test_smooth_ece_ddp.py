@@ -9,15 +9,14 @@ reference is :func:`smooth_calibration_error` in this process over all 1518 samp
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ddp import spawn_gloo
 
 from lightning_losses.calibration import CalibrationSummary
-from lightning_losses.calibration.smooth import SmoothCalibrationError, smooth_calibration_error
+from lightning_losses.calibration.metrics import SmoothCalibrationError
+from lightning_losses.calibration.smooth import smooth_calibration_error
 
 SHARES = (1001, 517)
 BATCHES = (300, 128)
@@ -30,49 +29,36 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return logits, target
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SHARES)
-    )
-    try:
-        torch.set_num_threads(1)
-        logits, target = _data()
-        start = sum(SHARES[:rank])
-        mine = slice(start, start + SHARES[rank])
-        results = {}
-        for bandwidth in (None, 0.03):
-            metric = SmoothCalibrationError(input_format="logits", bandwidth=bandwidth)
-            for chunk, labels in zip(
-                logits[mine].split(BATCHES[rank]), target[mine].split(BATCHES[rank]), strict=True
-            ):
-                metric.update(chunk, labels)
-            local_mass = metric.mass.clone()
-            curve = metric.curve()
-            results[bandwidth] = {
-                "value": metric.compute(),
-                "grid": metric.grid(),
-                "curve_value": curve.value,
-                "curve_bandwidth": curve.bandwidth,
-                "local_restored": torch.equal(metric.mass, local_mass),
-                "local_total": local_mass.sum().item(),
-            }
-        summary = CalibrationSummary(input_format="logits", smooth=True)
-        for chunk, labels in zip(logits[mine].split(97), target[mine].split(97), strict=True):
-            summary.update(chunk, labels)
-        results["summary"] = summary.compute()["smooth_ece"]
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out: str) -> None:
+    logits, target = _data()
+    start = sum(SHARES[:rank])
+    mine = slice(start, start + SHARES[rank])
+    results = {}
+    for bandwidth in (None, 0.03):
+        metric = SmoothCalibrationError(input_format="logits", bandwidth=bandwidth)
+        for chunk, labels in zip(
+            logits[mine].split(BATCHES[rank]), target[mine].split(BATCHES[rank]), strict=True
+        ):
+            metric.update(chunk, labels)
+        local_mass = metric.mass.clone()
+        curve = metric.curve()
+        results[bandwidth] = {
+            "value": metric.compute(),
+            "grid": metric.grid(),
+            "curve_value": curve.value,
+            "curve_bandwidth": curve.bandwidth,
+            "local_restored": torch.equal(metric.mass, local_mass),
+            "local_total": local_mass.sum().item(),
+        }
+    summary = CalibrationSummary(input_format="logits", smooth=True)
+    for chunk, labels in zip(logits[mine].split(97), target[mine].split(97), strict=True):
+        summary.update(chunk, labels)
+    results["summary"] = summary.compute()["smooth_ece"]
+    torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
 def test_synced_metric_equals_single_process_value(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=len(SHARES), join=True)
+    spawn_gloo(_worker, str(tmp_path), processes=len(SHARES))
     logits, target = _data()
     for bandwidth in (None, 0.03):
         reference, sigma = smooth_calibration_error(

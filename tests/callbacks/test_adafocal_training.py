@@ -8,9 +8,6 @@ equal-mass edges, a loop over the bins, and the multiplicative rule in Python fl
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from helpers.ddp import DDP_ARGS, run_ddp_console
+from helpers.paths import CONFIGS
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from torch import nn
@@ -27,8 +26,7 @@ from lightning_losses.callbacks import AdaFocalUpdate
 from lightning_losses.data.digits import DigitsDataModule
 from lightning_losses.lightning.classifier import ClassifierModule
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "digits_adafocal.yaml"
+CONFIG = CONFIGS / "digits_adafocal.yaml"
 QUICK = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 pytestmark = pytest.mark.filterwarnings(
@@ -317,32 +315,19 @@ def test_load_from_checkpoint_keeps_the_saved_bins(tmp_path):
 def test_ddp_gammas_equal_the_single_process_update(tmp_path):
     """One epoch under DDP; the validation after it used the final weights (last.ckpt)."""
     uri = f"sqlite:///{tmp_path}/ddp.db"
-    script = Path(sys.executable).with_name("lightning-losses")
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(
+    run_ddp_console(
         [
-            str(script),
             "fit",
             "--config",
             str(CONFIG),
             f"--trainer.logger.init_args.tracking_uri={uri}",
             "--data.init_args.batch_size=179",  # 359 validation rows: 180 on rank 0, 179 on 1
-            "--trainer.strategy=ddp",
-            "--trainer.devices=2",
+            *DDP_ARGS,
             "--trainer.max_epochs=1",
             *QUICK,
-            "--verbose",  # Lightning's "GLOBAL_RANK: 1" line, printed by the second process
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
+        tmp_path,
     )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output
 
     checkpoint = next((tmp_path / "mlflow_runs").rglob("last.ckpt"))
     model = ClassifierModule.load_from_checkpoint(checkpoint, weights_only=True).eval()

@@ -216,26 +216,37 @@ def test_monitor_with_probs_rejects_logits_before_any_training_step(tmp_path):
 
 
 class Outputs(ClassifierModule):
-    """Hands the callbacks ``transform(logits)`` instead of the logits it logs its metrics on."""
+    """Hands the callbacks ``transform(logits)`` instead of the logits it logs its metrics on.
 
-    def __init__(self, transform, **kwargs):
-        super().__init__("ce", hidden=[16], **kwargs)
-        self.transform = transform
+    Built by :func:`outputs`: as an argument of ``__init__``, ``transform`` would be taken for a
+    hyper-parameter (a lambda, which Lightning cannot save and warns about).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("ce", hidden=[16])
+        self.transform = None
 
     def validation_step(self, batch, batch_idx):
         output = super().validation_step(batch, batch_idx)
         return {**output, "logits": self.transform(output["logits"])}
 
 
+def outputs(transform) -> Outputs:
+    """An :class:`Outputs` module handing the callbacks ``transform(logits)``."""
+    model = Outputs()
+    model.transform = transform
+    return model
+
+
 def test_monitor_with_probs_rejects_rows_that_do_not_sum_to_one(tmp_path):
-    model = Outputs(torch.sigmoid)  # in [0, 1], but rows sum to about 5
+    model = outputs(torch.sigmoid)  # in [0, 1], but rows sum to about 5
     with pytest.raises(ValueError, match="rows that do not sum to 1: sums from"):
         fit(tmp_path, model, DigitsDataModule(), [CalibrationMonitor(input_format="probs")], 1)
 
 
 def test_monitor_with_probs_accepts_softmax_outputs(tmp_path):
     dm = DigitsDataModule(batch_size=100)
-    model = Outputs(lambda logits: torch.softmax(logits, dim=1))
+    model = outputs(lambda logits: torch.softmax(logits, dim=1))
     trainer = fit(tmp_path, model, dm, [CalibrationMonitor(input_format="probs")], epochs=1)
     logits, target = validation_logits(model, dm)
     ece, _, _ = numpy_top_label_errors(logits, target)
@@ -254,7 +265,7 @@ def test_the_module_val_nll_reaches_the_logger_and_the_checkpoint_monitor(tmp_pa
     L.seed_everything(0)
     dm = DigitsDataModule(batch_size=100)
     # The monitor sees logits * 3: its NLL differs from the module's own val/nll.
-    model = Outputs(lambda logits: 3 * logits)
+    model = outputs(lambda logits: 3 * logits)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/nll", mode="min")
     callbacks = [CalibrationMonitor(), checkpoint]
     trainer = fit(tmp_path, model, dm, callbacks, epochs=1, enable_checkpointing=True)

@@ -18,6 +18,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.warned import REPLACED, package_warns
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -179,7 +180,8 @@ def test_scope_to_a_stage_whose_loss_has_no_gamma(tmp_path):
         trainer(tmp_path, [switch, GammaAnnealing(0.0, 1.0)]).fit(Plain(FocalLoss()), *data())
     record = Record()
     t = trainer(tmp_path, [switch, GammaAnnealing(0.0, 1.0, losses=["focal"]), record])
-    t.fit(Plain(FocalLoss()), *data())
+    with package_warns(REPLACED):  # the focal stage was given gamma=2.0
+        t.fit(Plain(FocalLoss()), *data())
     total = 2 * STEPS_PER_EPOCH
     expected = [("CrossEntropyLoss", None)] * STEPS_PER_EPOCH
     expected += [("FocalLoss", step / total) for step in range(STEPS_PER_EPOCH, total)]

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ROOT, SCRIPT
+from helpers.server import free_port
 
 from lightning_losses import GammaCrossEntropyLoss, loss_class
 from lightning_losses.callbacks import GammaAnnealing
 from lightning_losses.cli.fit import main
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 QUICK = [
     "--trainer.max_epochs=1",
@@ -127,11 +126,10 @@ def test_fit_then_test_and_predict_from_checkpoint(tmp_path):
 
 
 def test_console_script_runs(tmp_path):
-    script = Path(sys.executable).with_name("lightning-losses")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     config = str(ROOT / "configs" / "digits_ce.yaml")
     done = subprocess.run(
-        [str(script), "fit", "--config", config, *QUICK, "--verbose"],  # Lightning's lines too
+        [str(SCRIPT), "fit", "--config", config, *QUICK, "--verbose"],  # Lightning's lines too
         capture_output=True,
         text=True,
         env=env,
@@ -158,13 +156,10 @@ def test_abbreviated_option_is_an_error_naming_it(capsys):
 
 
 def test_unreachable_tracking_server_is_one_short_message(tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     uri = f"http://127.0.0.1:{port}"
-    script = Path(sys.executable).with_name("lightning-losses")
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-    command = [str(script), "fit", f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
+    command = [str(SCRIPT), "fit", f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2
     [message] = [line for line in done.stderr.splitlines() if "error:" in line]

@@ -14,10 +14,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
+from helpers.paths import SCRIPT
 
 import lightning_losses.callbacks as callbacks_module
 import lightning_losses.data as data_module
@@ -25,7 +25,6 @@ import lightning_losses.data.mnist1d as mnist1d_module
 from lightning_losses import FocalLoss, register_loss, registry
 from lightning_losses.cli.fit import default_config_path, main
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 QUICK = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1"]
 
 # Runs the console script's entry point as the installed script does; the last line of stdout

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT, SCRIPT
 
 from lightning_losses.cli.commands import COMMANDS
 from lightning_losses.cli.console import console_main
 from lightning_losses.cli.fit import main, run_fit
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lightning_losses"
 HEAVY = ("torch", "lightning", "mlflow", "matplotlib", "netcal", "sklearn")
 QUICK = [
@@ -84,8 +84,7 @@ def test_command_help_is_light(command, option):
 
 
 def test_installed_script_answers_help():
-    script = Path(sys.executable).with_name("lightning-losses")
-    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert all(command in done.stdout for command in COMMANDS)
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from helpers.paths import SCRIPT
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from mlflow.tracking import MlflowClient
 from torch import nn
@@ -31,7 +32,6 @@ from lightning_losses.cli.checks import checkpoint_problem, store_error_message
 from lightning_losses.cli.fit import main
 from lightning_losses.lightning.mixin import LossMixin, non_finite_message
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 TINY = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=2",

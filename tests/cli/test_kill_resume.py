@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any, NamedTuple
 import lightning as L
 import pytest
 import torch
+from helpers.paths import ROOT, SCRIPT
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_losses import cli, lm
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "lightning_losses" / "default_config.yaml"
 CONFIGS = [*sorted((ROOT / "configs").glob("*.yaml")), DEFAULT]
 LM_CONFIGS = sorted((ROOT / "configs" / "lm").glob("*.yaml"))
@@ -172,7 +171,6 @@ def test_mlflow_run_keeps_the_best_checkpoint(worst):
 
 # --- a real fit process killed with SIGKILL, then resumed ---------------------------------------
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 KILLED_CONFIG = ROOT / "configs" / "digits_gamma_ce_annealed.yaml"  # GammaAnnealing 0 -> 1
 EPOCHS = 6
 BUDGET = [

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPT
 from mlflow.tracking import MlflowClient
 
 from lightning_losses.cli.fit import main
-
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ import shlex
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from helpers.ddp import DDP_ARGS
+from helpers.paths import ROOT, SCRIPT
 from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
@@ -37,8 +38,6 @@ from lightning_losses.cli.console import console_main
 from lightning_losses.cli.fit import main
 from lightning_losses.tracking import PID_TAG, RESUME_TAG
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 CONFIG = ROOT / "configs" / "digits_gamma_ce_annealed.yaml"  # GammaAnnealing over the fit
 BATCHES = 48  # training batches per epoch (of 8 samples): a stop lands inside an epoch
 BATCH_SIZE = 8
@@ -201,7 +200,7 @@ def test_sigterm_checkpoints_mid_epoch_ends_killed_and_resumes_exactly(tmp_path,
 
 def test_ddp_signal_to_every_process_gives_one_checkpoint_and_one_killed_run(tmp_path):
     folder = tmp_path / "ddp"
-    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1"]
+    ddp = [*DDP_ARGS, "--trainer.max_epochs=1"]
     process = start(folder, [*FIT, *ddp], start_new_session=True)  # its own process group
 
     def to_every_process() -> None:  # as a scheduler does

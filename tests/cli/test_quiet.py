@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPT
 from jsonargparse import Namespace
 from mlflow.tracking import MlflowClient
 
@@ -29,7 +30,6 @@ from lightning_losses.cli.quiet import (
     take_verbose_flag,
 )
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 TINY = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=2",

@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
 from lightning_losses import compare
 from lightning_losses.compare import figure
 
-ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "first-hour"
 START_MS = 1_700_000_000_000
 WIDTH = 100

@@ -28,11 +28,10 @@ import json
 import math
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.paths import SCRIPT
 from scipy import stats
 
 from lightning_losses.compare.cli import main
@@ -447,8 +446,7 @@ def test_narrow_table_is_cut_to_fit(store, width, fitted, shown):
 
 def test_console_script_end_to_end(store, tmp_path):
     """The installed ``lightning-losses compare`` on the store, as a user runs it."""
-    script = Path(sys.executable).with_name("lightning-losses")
-    command = [str(script), "compare", "--experiment", EXPERIMENT, "--tracking-uri", store["uri"]]
+    command = [str(SCRIPT), "compare", "--experiment", EXPERIMENT, "--tracking-uri", store["uri"]]
     command += ["--group-by", GROUP_BY, "--pair-by", "seed", "--out", str(tmp_path / "out")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

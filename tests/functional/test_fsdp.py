@@ -12,8 +12,8 @@ the weight (``ChunkedHead`` below, the pattern the "Running on a cluster" page s
 - FSDP1 (Lightning's ``FSDPStrategy``) refuses a CPU accelerator: its fit runs on 2 GPUs, and
   is skipped without them.
 
-This file is also the script of the fit: ``python tests/functional/test_fsdp.py STRATEGY OUT`` (Lightning
-starts the second process by running the same command again).
+This file is also the script of the fit: ``python tests/functional/test_fsdp.py STRATEGY OUT``
+(Lightning starts the second process by running the same command again).
 """
 
 from __future__ import annotations
@@ -191,14 +191,14 @@ def reference() -> dict[str, object]:
 
 def run_fit(strategy_name: str, tmp_path: Path) -> dict[str, object]:
     out = tmp_path / "record.pt"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    for name in ("MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
-        env.pop(name, None)  # Lightning picks a free port and starts both processes itself
+    # Imported here: this file is also the script that the fit runs, without tests/ on its path.
+    from helpers.ddp import launch_env
+
     done = subprocess.run(
         [sys.executable, __file__, strategy_name, str(out)],
         capture_output=True,
         text=True,
-        env=env,
+        env=launch_env(),  # Lightning picks a free port and starts both processes itself
         cwd=tmp_path,
         timeout=300,
     )

@@ -9,24 +9,19 @@ float64, over the same checkpoint and the whole split, with formulas written out
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers.ddp import DDP_ARGS, run_ddp_console
+from helpers.paths import CONFIGS
+from helpers.references import last_values, single_process_metrics, split_logits
 
 from lightning_losses.calibration.scaling import TemperatureScaler
 from lightning_losses.data.digits import DigitsDataModule
 from lightning_losses.data.samplers import UnpaddedDistributedSampler
 from lightning_losses.lightning.classifier import ClassifierModule
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 QUICK = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 # With 359 samples, rank 0 holds 180 and rank 1 179: batches of 179 give rank 0 two batches
 # (179 + 1) and rank 1 one, so the processes also run different numbers of steps.
 BATCH = 179
@@ -79,25 +74,6 @@ def test_evaluation_loaders_use_the_unpadded_sampler():
 # ----------------------------------------------------------------------------------------------
 
 
-def run_script(arguments: list[str], cwd: Path) -> str:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    # A hang (collectives out of step) fails here instead of blocking the suite.
-    done = subprocess.run(
-        # --verbose: Lightning's "GLOBAL_RANK: 1" line, printed by the second process.
-        [str(SCRIPT), *arguments, "--verbose"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output  # a second process really ran
-    return output
-
-
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     """One DDP fit (one epoch, temperature scaling) and one DDP test of its last checkpoint."""
@@ -105,15 +81,15 @@ def ddp_run(tmp_path_factory):
     uri = f"sqlite:///{folder}/ddp.db"
     common = [
         "--config",
-        str(ROOT / "configs" / "digits_ce.yaml"),
+        str(CONFIGS / "digits_ce.yaml"),
         f"--trainer.logger.init_args.tracking_uri={uri}",
         f"--data.init_args.batch_size={BATCH}",
-        *DDP,
+        *DDP_ARGS,
         *QUICK,
     ]
     scaling = "lightning_losses.callbacks.TemperatureScalingCallback"
     curves = "lightning_losses.callbacks.SplitCurves"  # the last epoch is always evaluated
-    run_script(
+    run_ddp_console(
         [
             "fit",
             *common,
@@ -124,7 +100,7 @@ def ddp_run(tmp_path_factory):
         folder,
     )
     checkpoint = next((folder / "mlflow_runs").rglob("last.ckpt"))
-    run_script(["test", *common, f"--ckpt_path={checkpoint}"], folder)
+    run_ddp_console(["test", *common, f"--ckpt_path={checkpoint}"], folder)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -132,59 +108,6 @@ def ddp_run(tmp_path_factory):
     runs = client.search_runs([experiment.experiment_id])
     model = ClassifierModule.load_from_checkpoint(checkpoint, weights_only=True)
     return client, runs, model
-
-
-def last_values(client, run, prefix: str) -> dict[str, float]:
-    """The last logged value of every metric of ``run`` whose name starts with ``prefix``."""
-    names = [name for name in run.data.metrics if name.startswith(prefix)]
-    return {name: client.get_metric_history(run.info.run_id, name)[-1].value for name in names}
-
-
-def split_logits(model: ClassifierModule, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's float64 logits on the whole split, in one process, in one batch."""
-    features, target = DigitsDataModule().dataset(split).tensors
-    model.eval()
-    with torch.no_grad():
-        return model(features).double(), target
-
-
-def top_label_ece_mce_rmsce(probs: torch.Tensor, target: torch.Tensor, n_bins: int = 15):
-    """Equal-width bins (k/B, (k+1)/B] of the top-label confidence, as a plain loop."""
-    confidence, prediction = probs.max(dim=1)
-    correct = (prediction == target).double()
-    ece, mce, squared = 0.0, 0.0, 0.0
-    for k in range(n_bins):
-        members = (confidence > k / n_bins) & (confidence <= (k + 1) / n_bins)
-        if k == 0:
-            members |= confidence == 0
-        if members.any():
-            gap = abs(float(confidence[members].mean() - correct[members].mean()))
-            weight = float(members.double().mean())
-            ece += weight * gap
-            squared += weight * gap**2
-            mce = max(mce, gap)
-    return ece, mce, math.sqrt(squared)
-
-
-def single_process_metrics(model: ClassifierModule, split: str) -> dict[str, float]:
-    """Every metric that the module and the CalibrationMonitor log, computed independently."""
-    logits, target = split_logits(model, split)
-    log_probs = torch.log_softmax(logits, dim=1)
-    probs = log_probs.exp()
-    nll = float(-log_probs.gather(1, target[:, None]).mean())
-    accuracy = float((probs.argmax(dim=1) == target).double().mean())
-    ece, mce, rmsce = top_label_ece_mce_rmsce(probs, target)
-    return {
-        "loss": float(model.criterion(logits, target)),  # reduction="mean" over the split
-        "acc": accuracy,
-        "nll": nll,
-        "ece": ece,
-        "mce": mce,
-        "rmsce": rmsce,
-        "brier": float(((probs - F.one_hot(target, 10)) ** 2).sum(dim=1).mean()),
-        # (the monitor's accuracy is left to the module's acc: one metric per quantity)
-        "confidence": float(probs.max(dim=1).values.mean()),
-    }
 
 
 def test_ddp_fit_and_test_log_one_run(ddp_run):

@@ -2,23 +2,24 @@
 
 The two commands are read from the "Running on a cluster" page (``docs/cluster.md``) and run as
 written there, with a free port for ``MASTER_PORT`` and the test's folder for the page's
-``/shared/node0``. The references are computed as in ``tests/lightning/test_ddp_exact.py`` (one process,
-float64, the run's checkpoint, the whole split). Only global rank 0 may touch the MLflow store:
-the other processes know their rank from the launcher's variables before the Trainer exists.
+``/shared/node0``. The references are those of the DDP test (``helpers.references``: one
+process, float64, the run's checkpoint, the whole split). Only global rank 0 may touch the
+MLflow store: the other processes know their rank from the launcher's variables before the
+Trainer exists.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_ddp_exact import last_values, single_process_metrics
+from helpers.ddp import RENDEZVOUS_VARIABLES, launch_env
+from helpers.paths import DOCS, SCRIPT
+from helpers.references import last_values, single_process_metrics
+from helpers.server import free_port
 
 from lightning_losses.lightning.classifier import ClassifierModule
 from lightning_losses.tracking import (
@@ -29,13 +30,11 @@ from lightning_losses.tracking import (
     global_rank_zero,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "cluster.md"
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
+PAGE = DOCS / "cluster.md"
 #: What the page's commands name and the test replaces: node 0's folder and the port.
 PAGE_FOLDER, PAGE_PORT = "/shared/node0", "29500"
 #: The variables of a launch that must not leak into the nodes from the test's own process.
-LAUNCH_VARIABLES = (*RANK_VARIABLES, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+LAUNCH_VARIABLES = (*RANK_VARIABLES, *RENDEZVOUS_VARIABLES)
 
 
 def page_commands() -> list[str]:
@@ -55,12 +54,6 @@ def split_command(line: str) -> tuple[dict[str, str], list[str]]:
     return variables, words[1:]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_the_page_gives_every_node_the_same_command():
     lines = page_commands()
     assert len(lines) == 2
@@ -76,9 +69,7 @@ def multinode(tmp_path_factory):
     """The page's two node commands, run at once, each in its own folder; node 0's store."""
     folder = tmp_path_factory.mktemp("multinode")
     port = str(free_port())
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
-    base.pop("MLFLOW_TRACKING_URI", None)
-    base["PYTHONWARNINGS"] = "ignore"
+    base = launch_env()
     processes = []
     for index, line in enumerate(page_commands()):
         node = folder / f"node{index}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.paths import ROOT
+
 LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+) +\.\.\. \d+\.\d s, ETA \d+ s$")
 
 

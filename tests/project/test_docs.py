@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target) and [text](target "t")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)

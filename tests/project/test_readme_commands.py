@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv"
 BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: README lines not run here, and why.

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers.paths import ROOT
 from scipy import stats as scipy_stats
 
 from lightning_losses.reproduce import display_uri, reproduce_claim
@@ -41,8 +42,6 @@ from lightning_losses.reproduce.spec import (
     verdict,
     verdict_text,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def table_of(rows: dict[str, dict[str, list[float]]]):

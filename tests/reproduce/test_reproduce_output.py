@@ -11,13 +11,10 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
+from helpers.paths import ROOT, SCRIPT
 
 
 def git(*arguments: str, cwd: Path) -> str:

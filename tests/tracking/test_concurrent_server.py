@@ -12,21 +12,18 @@ only delays requests; every answer is the real server's.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
-from test_tracking import Server
+from helpers.console import console_env
+from helpers.paths import CONFIGS, SCRIPT
+from helpers.server import Server
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 TINY = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=2",
@@ -105,11 +102,12 @@ def proxied_server(tmp_path) -> Iterator[str]:
 
 def test_four_fits_at_once_share_one_new_experiment(proxied_server, tmp_path):
     proxy_uri, server_uri = proxied_server
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MLFLOW_HTTP_REQUEST_TIMEOUT="300")
+    env = console_env(
+        OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MLFLOW_HTTP_REQUEST_TIMEOUT="300"
+    )
     # The shipped config without the reliability diagram drawn at the end (matplotlib's import
     # and drawing, four times on a small machine, are not what is tested here).
-    text = (ROOT / "configs" / "digits_ce.yaml").read_text()
+    text = (CONFIGS / "digits_ce.yaml").read_text()
     marker = "diagram_every_n_epochs: 0"
     assert marker in text
     config = tmp_path / "digits_ce.yaml"

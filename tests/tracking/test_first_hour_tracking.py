@@ -25,8 +25,6 @@ import io
 import math
 import os
 import re
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,6 +32,9 @@ from typing import Any, NamedTuple
 import lightning as L
 import pytest
 import torch
+from helpers.console import run_console
+from helpers.ddp import DDP_ARGS, launch_env
+from helpers.paths import CONFIGS
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -45,9 +46,7 @@ from lightning_losses.callbacks.schedules import LinearSchedule
 from lightning_losses.data.digits import DigitsDataModule
 from lightning_losses.lightning.mixin import LossMixin
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
-ANNEALED = ROOT / "configs" / "digits_gamma_ce_annealed.yaml"  # GammaAnnealing 0 -> 1 by step
+ANNEALED = CONFIGS / "digits_gamma_ce_annealed.yaml"  # GammaAnnealing 0 -> 1 by step
 EPOCHS, BATCHES = 2, 3
 #: The issue's command line: one more ModelCheckpoint, one file per epoch.
 OWN_CHECKPOINT = [
@@ -130,13 +129,12 @@ def test_own_per_epoch_checkpoint_beside_a_shipped_config(fit):
 
 
 def test_own_per_epoch_checkpoint_under_ddp(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
-    config = ROOT / "configs" / "digits_ce.yaml"
-    command = [str(SCRIPT), "fit", "--config", str(config), *OWN_CHECKPOINT, *TINY, *ddp]
-    done = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    config = CONFIGS / "digits_ce.yaml"
+    done = run_console(
+        ["fit", "--config", str(config), *OWN_CHECKPOINT, *TINY, *DDP_ARGS],
+        cwd=tmp_path,
+        env=launch_env(OMP_NUM_THREADS="1"),
+        timeout=400,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (folder,) = tmp_path.glob("mlflow_runs/*/*/checkpoints")

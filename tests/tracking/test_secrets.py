@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_tracking import Server, free_port
+from helpers.paths import CONFIGS
+from helpers.server import free_port
 
 from lightning_losses.cli.fit import main, recorded_store
 from lightning_losses.tracking import (
@@ -35,7 +36,7 @@ from lightning_losses.tracking import (
 )
 
 PASSWORD = "S3cretPw"
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits_focal.yaml"
+CONFIG = CONFIGS / "digits_focal.yaml"
 TINY = [
     f"--config={CONFIG}",
     "--trainer.max_epochs=1",
@@ -136,17 +137,9 @@ class AuthProxy:
         return Handler
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("mlflow-server"))
-    srv.start()
-    yield srv
-    srv.stop()
-
-
 @pytest.fixture
-def proxy(server):
-    front = AuthProxy(server.uri, "alice", PASSWORD)
+def proxy(mlflow_server):
+    front = AuthProxy(mlflow_server.uri, "alice", PASSWORD)
     yield front
     front.close()
 
@@ -224,8 +217,8 @@ def test_redacted_forms_compare_and_strip():
 # --- the reachability check -------------------------------------------------------------------
 
 
-def test_reachability_check_with_user_info_reaches_the_server(server, proxy):
-    check_reachable(f"http://alice:{PASSWORD}@127.0.0.1:{server.port}", timeout=5)
+def test_reachability_check_with_user_info_reaches_the_server(mlflow_server, proxy):
+    check_reachable(f"http://alice:{PASSWORD}@127.0.0.1:{mlflow_server.port}", timeout=5)
     check_reachable(proxy.uri(f"alice:{PASSWORD}@"), timeout=5)  # the proxy checks the header
     with pytest.raises(ConnectionError, match="refused the credentials") as refused:
         check_reachable(proxy.uri("alice:wrong-pw@"), timeout=5)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPT
 from mlflow.tracking import MlflowClient
 
 from lightning_losses.tracking import (
@@ -25,7 +24,6 @@ from lightning_losses.tracking import (
     sync_tracking,
 )
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 T0 = 1_700_000_000_000  # timestamps of the records, in ms
 
 

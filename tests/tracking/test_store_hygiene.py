@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers.ddp import DDP_ARGS
+from helpers.paths import SCRIPT
 
 from lightning_losses.callbacks import GammaAnnealing
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 QUICK = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=3",
@@ -211,9 +211,8 @@ def test_ddp_fit_warns_about_no_sync_dist(tmp_path):
     # Every callback that logs an epoch value: the monitor, the schedule per epoch, the switch.
     annealed = [{**ANNEALED[0], "init_args": {**ANNEALING, "interval": "epoch"}}]
     config = write_config(tmp_path / "ddp.yaml", "ddp", GAMMA, annealed + MONITOR + SWITCH)
-    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
     # --verbose: Lightning's lines ("GLOBAL_RANK: 1", a sync_dist warning) are not kept out.
-    arguments = ["fit", "--config", str(config), *QUICK, *ddp, "--verbose"]
+    arguments = ["fit", "--config", str(config), *QUICK, *DDP_ARGS, "--verbose"]
     process = start(arguments, tmp_path, quiet=False)
     out, err = finish(process)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out + err  # a second process really ran

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import csv
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from helpers.console import run_console
+from helpers.paths import CONFIGS
+from helpers.server import Server, free_port
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
@@ -22,74 +21,9 @@ from lightning_losses.data.digits import DigitsDataModule
 from lightning_losses.lightning.classifier import ClassifierModule
 from lightning_losses.tracking import TrackingLogger, metric_history, read_spool, sync_tracking
 
-ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-MLFLOW = Path(sys.executable).with_name("mlflow")
 
 pytestmark = pytest.mark.usefixtures("isolated_tracking")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real `mlflow server` process on 127.0.0.1, stoppable and restartable."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 90.0) -> None:
-        command = [
-            str(MLFLOW),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{self.root}/server.db",
-            "--artifacts-destination",
-            str(self.root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        log = (self.root / "server.log").open("a")
-        self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.root)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-            if self.process.poll() is not None:
-                break
-        log_text = (self.root / "server.log").read_text()
-        raise RuntimeError(f"mlflow server did not start:\n{log_text}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("mlflow-server"))
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def client(uri):
@@ -112,8 +46,8 @@ def artifact_paths(uri, run_id, path=None):
     return out
 
 
-def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(server, tmp_path):
-    text = (ROOT / "configs" / "digits_gamma_ce_annealed.yaml").read_text()
+def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(mlflow_server, tmp_path):
+    text = (CONFIGS / "digits_gamma_ce_annealed.yaml").read_text()
     config = tmp_path / "digits_gamma_ce_annealed.yaml"
     config.write_text(text.replace("diagram_every_n_epochs: 0", "diagram_every_n_epochs: 1"))
     cli = main(
@@ -122,12 +56,12 @@ def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(server, tmp_path
             "--config",
             str(config),
             "--trainer.max_epochs=2",
-            f"--trainer.logger.init_args.tracking_uri={server.uri}",
+            f"--trainer.logger.init_args.tracking_uri={mlflow_server.uri}",
             "--trainer.logger.init_args.experiment_name=cli-fit",
             *QUICK,
         ]
     )
-    [run] = runs_of(server.uri, "cli-fit")
+    [run] = runs_of(mlflow_server.uri, "cli-fit")
     assert run.info.run_id == cli.trainer.logger.run_id
     assert run.info.status == "FINISHED"
     params, tags = run.data.params, run.data.tags
@@ -137,7 +71,7 @@ def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(server, tmp_path
     assert tags["loss"] == "GammaCrossEntropyLoss"
     assert tags["dataset"] == "DigitsDataModule"
     assert tags["config"] == "digits_gamma_ce_annealed"
-    c = client(server.uri)
+    c = client(mlflow_server.uri)
     steps_per_epoch = cli.trainer.num_training_batches
     ece = c.get_metric_history(run.info.run_id, "val/ece")
     assert [m.step for m in ece] == [steps_per_epoch - 1, 2 * steps_per_epoch - 1]
@@ -145,7 +79,7 @@ def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(server, tmp_path
     gamma = c.get_metric_history(run.info.run_id, "criterion/gamma")  # ... the module's
     assert len(gamma) >= 2 and gamma[-1].value > gamma[0].value  # the annealed values
     assert [m.step for m in gamma] == sorted(m.step for m in gamma)
-    artifacts = artifact_paths(server.uri, run.info.run_id)
+    artifacts = artifact_paths(mlflow_server.uri, run.info.run_id)
     assert "config.yaml" in artifacts
     assert {"calibration/val_epoch=000.png", "calibration/val_epoch=001.png"} <= set(artifacts)
     assert any(a.startswith("checkpoints/") and a.endswith(".ckpt") for a in artifacts)
@@ -244,7 +178,7 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
 
 def test_resume_continues_the_same_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/resume.db"
-    config = str(ROOT / "configs" / "digits_focal.yaml")
+    config = str(CONFIGS / "digits_focal.yaml")
     common = ["--config", config, f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
     first = main(["fit", *common, "--trainer.max_epochs=1"])
     run_id = first.trainer.logger.run_id
@@ -258,34 +192,29 @@ def test_resume_continues_the_same_run(tmp_path):
     assert len(steps) == 2 and steps[1] > steps[0]
 
 
-def test_compare_three_runs_from_the_console(server, tmp_path):
+def test_compare_three_runs_from_the_console(mlflow_server, tmp_path):
     for name in ("digits_ce", "digits_focal", "digits_gamma_ce_threshold"):
         main(
             [
                 "fit",
                 "--config",
-                str(ROOT / "configs" / f"{name}.yaml"),
+                str(CONFIGS / f"{name}.yaml"),
                 "--trainer.max_epochs=1",
-                f"--trainer.logger.init_args.tracking_uri={server.uri}",
+                f"--trainer.logger.init_args.tracking_uri={mlflow_server.uri}",
                 "--trainer.logger.init_args.experiment_name=compare-three",
                 *QUICK,
             ]
         )
-    script = Path(sys.executable).with_name("lightning-losses")
-    done = subprocess.run(
+    done = run_console(
         [
-            str(script),
             "compare",
             "--experiment",
             "compare-three",
             "--tracking-uri",
-            server.uri,
+            mlflow_server.uri,
             "--out",
             str(tmp_path / "cmp"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ]
     )
     assert done.returncode == 0, done.stderr[-2000:]
     for loss in ("CrossEntropyLoss", "FocalLoss", "GammaCrossEntropyLoss"):

@@ -11,11 +11,11 @@ import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPT
 from mlflow.tracking import MlflowClient
 
 from lightning_losses import compare
@@ -33,7 +33,6 @@ from lightning_losses.tracking import (
 
 pytestmark = pytest.mark.usefixtures("isolated_tracking")
 
-SCRIPT = Path(sys.executable).with_name("lightning-losses")
 BATCHES = 4  # training batches per epoch: a checkpoint at step 3 is inside epoch 0
 
 

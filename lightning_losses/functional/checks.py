@@ -1,4 +1,10 @@
-"""Argument checks shared by every loss (and by the calibration functions).
+"""The package's one home of argument checks: hyper-parameters, options and tensor inputs.
+
+Every check of an argument's type or value that more than one place needs lives here, one
+check per concept (an integer count, a fraction, a flag, a choice, a range, a probability
+distribution, class indices, ...); the losses, heads, calibration functions, callbacks, data
+modules and backbones call these instead of writing their own. A module keeps only the rules
+that are its own (the relations between its arguments) and composes them from these checks.
 
 Checks of Python scalars (``reduction``, ``gamma``, ...), of dtypes, shapes and devices always
 run: they cost nothing. Checks that read tensor *values* (targets in range, finite logits,
@@ -6,7 +12,8 @@ probabilities in [0, 1], non-negative class weights, ...) run only when ``valida
 (the default), because on an accelerator they synchronise with the host.
 
 Every error is a ``ValueError`` (bad value or shape) or ``TypeError`` (bad type) whose message
-starts with the argument's name and says what was expected.
+starts with the argument's name and says what was expected. A scalar of the wrong type raises
+:class:`ArgumentTypeError`, which is both, so that callers catching either keep working.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -25,32 +32,115 @@ REDUCTIONS = ("none", "mean", "sum")
 CLASS_VECTOR_OPTIONS = ("weight", "alpha", "class_weight")
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """A scalar argument of the wrong type: a ``TypeError`` that is also a ``ValueError``.
+
+    The checks gathered here used to disagree (a float count was a ``ValueError`` in the data
+    modules and a ``TypeError`` in the samplers); being both, this error keeps every caller's
+    ``except`` working. It is not :class:`argparse.ArgumentTypeError`.
+
+    Example:
+        >>> issubclass(ArgumentTypeError, TypeError), issubclass(ArgumentTypeError, ValueError)
+        (True, True)
+    """
+
+
 # --- Python scalars --------------------------------------------------------------------------
 
 
 def check_reduction(reduction: str) -> None:
-    """Raise ``ValueError`` unless ``reduction`` is one of ``none|mean|sum``."""
+    """Check a loss's ``reduction``: one of ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Args:
+        reduction: the value to check.
+
+    Raises:
+        ValueError: any other value.
+
+    Example:
+        >>> check_reduction("mean")
+        >>> check_reduction("avg")
+        Traceback (most recent call last):
+        ...
+        ValueError: reduction must be one of 'none', 'mean' or 'sum'; got 'avg'
+    """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of 'none', 'mean' or 'sum'; got {reduction!r}")
 
 
 def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of the strings ``choices``."""
+    """Check that ``value`` is one of the strings ``choices``.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check.
+        choices: the accepted strings.
+
+    Raises:
+        ValueError: any other value (a non-string too), listing the choices.
+
+    Example:
+        >>> check_choice("kind", "cosface", ("normface", "cosface", "arcface"))
+        >>> check_choice("kind", "sphereface", ("normface", "cosface"))
+        Traceback (most recent call last):
+        ...
+        ValueError: kind must be one of 'normface', 'cosface'; got 'sphereface'
+    """
     if not isinstance(value, str) or value not in choices:
         options = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {options}; got {value!r}")
 
 
 def check_flag(name: str, value: object) -> None:
-    """Raise ``TypeError`` unless ``value`` is a ``bool``."""
+    """Check that ``value`` is a ``bool`` (``True`` or ``False``, not 0, 1 or a string).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check.
+
+    Raises:
+        ArgumentTypeError: anything but a ``bool``.
+
+    Example:
+        >>> check_flag("validate_args", True)
+        >>> check_flag("validate_args", "yes")
+        Traceback (most recent call last):
+        ...
+        lightning_losses.functional.checks.ArgumentTypeError: validate_args must be True or \
+False; got 'yes'
+    """
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False; got {value!r}")
+        raise ArgumentTypeError(f"{name} must be True or False; got {value!r}")
 
 
 def check_ignore_index(ignore_index: object) -> None:
-    """Raise ``TypeError`` unless ``ignore_index`` is an integer (not a bool)."""
+    """Check a loss's ``ignore_index``: an integer (not a ``bool``), any sign.
+
+    Args:
+        ignore_index: the value to check.
+
+    Raises:
+        ArgumentTypeError: anything but an integer.
+
+    Example:
+        >>> check_ignore_index(-100)
+        >>> check_ignore_index(None)
+        Traceback (most recent call last):
+        ...
+        lightning_losses.functional.checks.ArgumentTypeError: ignore_index must be an int; \
+got None
+    """
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"ignore_index must be an int; got {ignore_index!r}")
+        raise ArgumentTypeError(f"ignore_index must be an int; got {ignore_index!r}")
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    """``[low, high]`` in words for the messages, ``(`` / ``)`` on open or unbounded sides."""
+    left = "(" if low_open or low is None else "["
+    right = ")" if high_open or high is None else "]"
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    return f"{left}{lo}, {hi}{right}"
 
 
 def check_range(
@@ -62,32 +152,197 @@ def check_range(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    """Raise unless ``value`` is a finite real number with ``low <= value <= high``.
+    """Check that ``value`` is a finite real number with ``low <= value <= high``.
 
-    ``<`` replaces ``<=`` on an open side. NaN and infinities are out of every range:
-    ``TypeError`` for a value that is not a real number, ``ValueError`` otherwise.
+    ``<`` replaces ``<=`` on an open side; a bound left ``None`` is no bound. NaN and the
+    infinities are outside every range. A one-element tensor is checked as its value; a
+    tensor of several values passes (per-element hyper-parameters are checked by the loss that
+    accepts them).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check.
+        low: the lower bound, or ``None``.
+        high: the upper bound, or ``None``.
+        low_open: exclude ``low`` itself.
+        high_open: exclude ``high`` itself.
+
+    Raises:
+        ArgumentTypeError: ``value`` is not a real number (a ``bool`` is not one).
+        ValueError: it is outside the range, or not finite.
+
+    Example:
+        >>> check_range("gamma", 2.0, low=0.0)
+        >>> check_range("dropout", 1.0, low=0.0, high=1.0, high_open=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: dropout must lie in [0, 1); got 1.0
     """
     if isinstance(value, Tensor):
         if value.numel() != 1:
             return  # per-element hyper-parameters are checked by the loss that accepts them
         value = value.item()
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a real number; got {type(value).__name__}")
     bad_low = low is not None and (value <= low if low_open else value < low)
     bad_high = high is not None and (value >= high if high_open else value > high)
     if bad_low or bad_high or not math.isfinite(value):
-        left = "(" if low_open or low is None else "["
-        right = ")" if high_open or high is None else "]"
-        lo = "-inf" if low is None else f"{low:g}"
-        hi = "inf" if high is None else f"{high:g}"
-        raise ValueError(f"{name} must lie in {left}{lo}, {hi}{right}; got {value!r}")
+        interval = _interval(low, high, low_open, high_open)
+        raise ValueError(f"{name} must lie in {interval}; got {value!r}")
+
+
+def check_real(name: str, value: object) -> float:
+    """Check that ``value`` is a finite real number (any: a schedule's value) and return it.
+
+    Any real number type is accepted (``int``, ``float``, numpy scalars, ``Fraction``); a
+    ``bool`` is not. Use :func:`check_range` for a hyper-parameter kept as given, with bounds.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check.
+
+    Returns:
+        ``float(value)``.
+
+    Raises:
+        ArgumentTypeError: ``value`` is not a real number.
+        ValueError: it is NaN or infinite.
+
+    Example:
+        >>> check_real("start_value", 2)
+        2.0
+        >>> check_real("end_value", float("inf"))
+        Traceback (most recent call last):
+        ...
+        ValueError: end_value must be a finite real number; got inf
+    """
+    message = f"{name} must be a finite real number; got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(message)
+    if not math.isfinite(value):
+        raise ValueError(message)
+    return float(value)
+
+
+def check_fraction(name: str, value: float) -> None:
+    """Check that ``value`` is a fraction strictly between 0 and 1: some, but not all.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check (a share of samples, of a split, ...).
+
+    Raises:
+        ArgumentTypeError: ``value`` is not a real number.
+        ValueError: it is not in ``(0, 1)``.
+
+    Example:
+        >>> check_fraction("val_fraction", 0.2)
+        >>> check_fraction("val_fraction", 0.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: val_fraction must lie in (0, 1); got 0.0
+    """
+    check_range(name, value, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+@overload
+def check_int(
+    name: str,
+    value: object,
+    *,
+    low: int | None = ...,
+    high: int | None = ...,
+    optional: Literal[False] = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    name: str, value: object, *, low: int | None = ..., high: int | None = ..., optional: bool
+) -> int | None: ...
+
+
+def check_int(
+    name: str,
+    value: object,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    optional: bool = False,
+) -> int | None:
+    """Check an integer argument (a count, a size, a seed, a rank) and return it as an ``int``.
+
+    Python and numpy integers are integers; a ``bool`` and an integral float (``2.0``) are not.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check.
+        low: the smallest value accepted, or ``None``.
+        high: the largest value accepted, or ``None``.
+        optional: accept ``None`` too (and return it).
+
+    Returns:
+        ``int(value)``, or ``None`` for an accepted ``None``.
+
+    Raises:
+        ArgumentTypeError: ``value`` is not an integer (nor an accepted ``None``).
+        ValueError: it is below ``low`` or above ``high``.
+
+    Example:
+        >>> check_int("channels", 25, low=1)
+        25
+        >>> check_int("num_replicas", 0, low=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: num_replicas must be >= 1; got 0
+        >>> check_int("rank", 0.5, low=0, optional=True)
+        Traceback (most recent call last):
+        ...
+        lightning_losses.functional.checks.ArgumentTypeError: rank must be an int >= 0 or \
+None; got 0.5 (float)
+    """
+    if value is None and optional:
+        return None
+    if low is not None and high is not None:
+        bound = f"in [{low}, {high}]"
+    elif low is not None:
+        bound = f">= {low}"
+    elif high is not None:
+        bound = f"<= {high}"
+    else:
+        bound = ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        expected = " ".join(filter(None, ("an int", bound, "or None" if optional else "")))
+        raise ArgumentTypeError(
+            f"{name} must be {expected}; got {value!r} ({type(value).__name__})"
+        )
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {bound}; got {value!r}")
+    return int(value)
 
 
 # --- tensors: type, shape and device (always checked) ----------------------------------------
 
 
 def check_same_device(name: str, tensor: Tensor, other_name: str, other: Tensor) -> None:
-    """Raise ``ValueError`` naming both tensors and devices unless they share one device."""
+    """Check that two tensors are on one device.
+
+    Args:
+        name: the first tensor's argument name.
+        tensor: the first tensor.
+        other_name: the second tensor's argument name.
+        other: the second tensor.
+
+    Raises:
+        ValueError: naming both tensors and their devices, when these differ.
+
+    Example:
+        >>> check_same_device("target", torch.zeros(2), "logits", torch.zeros(2, 3))
+        >>> check_same_device("target", torch.zeros(2), "logits", torch.zeros(2, 3, device="meta"))
+        Traceback (most recent call last):
+        ...
+        ValueError: target is on cpu but logits is on meta; move them to one device
+    """
     if tensor.device != other.device:
         raise ValueError(
             f"{name} is on {tensor.device} but {other_name} is on {other.device}; move them to "
@@ -96,7 +351,24 @@ def check_same_device(name: str, tensor: Tensor, other_name: str, other: Tensor)
 
 
 def check_logits(logits: Tensor, *, name: str = "logits", min_dim: int = 2) -> None:
-    """Raise unless ``logits`` is a floating tensor with at least ``min_dim`` dimensions."""
+    """Check that ``logits`` is a floating-point tensor with at least ``min_dim`` dimensions.
+
+    Args:
+        logits: the tensor to check.
+        name: its argument name, for the message.
+        min_dim: the fewest dimensions accepted (2 for ``[N, C, *]``).
+
+    Raises:
+        TypeError: not a tensor, or not floating point.
+        ValueError: too few dimensions.
+
+    Example:
+        >>> check_logits(torch.zeros(4, 3))
+        >>> check_logits(torch.zeros(4))
+        Traceback (most recent call last):
+        ...
+        ValueError: logits must have shape [N, C, *]; got shape (4,)
+    """
     if not isinstance(logits, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(logits).__name__}")
     if not logits.is_floating_point():
@@ -117,6 +389,26 @@ def check_index_target(
 
     Dtypes, shapes and devices are always checked; with ``validate_args`` also the values:
     ``0 <= t < C`` or ``t == ignore_index``, and finite logits.
+
+    Args:
+        logits: the logits, class dimension 1.
+        target: integer class indices.
+        ignore_index: the target value that marks an ignored element.
+        validate_args: also check the values.
+
+    Raises:
+        TypeError: a wrong type or dtype.
+        ValueError: a shape that does not match, another device, or (with
+            ``validate_args``) a target out of range or non-finite logits.
+
+    Example:
+        >>> logits, options = torch.zeros(2, 3), {"ignore_index": -100, "validate_args": True}
+        >>> check_index_target(logits, torch.tensor([0, -100]), **options)
+        >>> check_index_target(logits, torch.tensor([0, 3]), **options)
+        Traceback (most recent call last):
+        ...
+        ValueError: target values must lie in [0, 2] (C=3 classes) or equal ignore_index=-100; \
+found 3
     """
     check_logits(logits)
     check_ignore_index(ignore_index)
@@ -146,7 +438,25 @@ def check_soft_target(
     validate_args: bool,
     ignore_index: int | None = None,
 ) -> None:
-    """Check float targets in [0, 1] of the shape of the logits (and finite logits)."""
+    """Check float targets in [0, 1] of the shape of the logits (and finite logits).
+
+    Args:
+        logits: the logits, any shape.
+        target: probabilities of the shape of ``logits``.
+        validate_args: also check that the targets lie in [0, 1] and the logits are finite.
+        ignore_index: a target value that marks an ignored element, or ``None``.
+
+    Raises:
+        TypeError: a wrong type or dtype.
+        ValueError: another shape or device, or (with ``validate_args``) a bad value.
+
+    Example:
+        >>> check_soft_target(torch.zeros(2), torch.tensor([0.0, 1.0]), validate_args=True)
+        >>> check_soft_target(torch.zeros(2), torch.tensor([0.0, 2.0]), validate_args=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: target values must lie in [0, 1]; found 2.0
+    """
     check_logits(logits, min_dim=1)
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor; got {type(target).__name__}")
@@ -184,6 +494,27 @@ def check_class_vector(
 
     A Python sequence is moved to the logits' device; a tensor must already be there. With
     ``validate_args`` its values must be finite and ``>= 0`` (:func:`check_class_weights`).
+
+    Args:
+        name: the argument's name (``weight``, ``alpha``, ...).
+        vector: one value per class, or ``None``.
+        logits: the logits ``[N, C, *]`` it weighs.
+        validate_args: also check the values.
+
+    Returns:
+        The vector as a tensor on the logits' device, or ``None``.
+
+    Raises:
+        TypeError: not a vector of real numbers.
+        ValueError: not ``C`` values, another device, or a bad value.
+
+    Example:
+        >>> check_class_vector("alpha", [0.25, 0.75], torch.zeros(4, 2))
+        tensor([0.2500, 0.7500])
+        >>> check_class_vector("alpha", [1.0], torch.zeros(4, 2))
+        Traceback (most recent call last):
+        ...
+        ValueError: alpha must be a vector of one value per class (shape [2]); got shape [1]
     """
     if vector is None:
         return None
@@ -209,6 +540,27 @@ def check_class_weights(
     is an error, as is NaN or inf. ``"mean"`` divides by the sum of the weights of the counted
     elements; when that sum is 0 (all weights of the present classes are 0), the mean is 0, as
     for a batch whose targets are all ignored.
+
+    Args:
+        name: the argument's name.
+        vector: one weight per class, a tensor or a sequence.
+        validate_args: also check the values.
+
+    Returns:
+        The weights as a 1-D tensor.
+
+    Raises:
+        TypeError: not real numbers.
+        ValueError: not one dimension, or (with ``validate_args``) a negative or non-finite
+            weight.
+
+    Example:
+        >>> check_class_weights("weight", [1.0, 2.0])
+        tensor([1., 2.])
+        >>> check_class_weights("weight", [1.0, -2.0])
+        Traceback (most recent call last):
+        ...
+        ValueError: weight must hold finite weights >= 0 (one per class); found -2.0 for class 1
     """
     try:
         tensor = vector if isinstance(vector, Tensor) else torch.as_tensor(vector)
@@ -241,7 +593,24 @@ def check_class_weights(
 def check_class_indices(
     name: str, target: Tensor, num_classes: int, *, ignore_index: int | None = None
 ) -> None:
-    """Raise unless every entry of ``target`` is in ``[0, num_classes)`` (or ``ignore_index``)."""
+    """Check that every entry of ``target`` is in ``[0, num_classes)`` (or ``ignore_index``).
+
+    Args:
+        name: the argument's name.
+        target: integer class indices.
+        num_classes: the number of classes ``C``.
+        ignore_index: a value accepted besides the classes, or ``None``.
+
+    Raises:
+        ValueError: naming the first entry out of range.
+
+    Example:
+        >>> check_class_indices("target", torch.tensor([0, 1]), 2)
+        >>> check_class_indices("target", torch.tensor([0, 2]), 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: target values must lie in [0, 1] (C=2 classes); found 2
+    """
     if target.numel() == 0:
         return
     bad = (target < 0) | (target >= num_classes)
@@ -257,16 +626,42 @@ def check_class_indices(
 
 
 def first_non_finite(tensor: Tensor) -> tuple[float, list[int]]:
-    """The first NaN or infinite entry of ``tensor`` and its index (for error messages)."""
+    """The first NaN or infinite entry of ``tensor`` and its index (for error messages).
+
+    Args:
+        tensor: a tensor holding at least one non-finite entry.
+
+    Returns:
+        ``(value, index)``.
+
+    Example:
+        >>> first_non_finite(torch.tensor([[0.0, 1.0], [float("inf"), 2.0]]))
+        (inf, [1, 0])
+    """
     index = (~torch.isfinite(tensor)).nonzero()[0].tolist()
     return tensor[tuple(index)].item(), index
 
 
 def check_finite(name: str, tensor: Tensor) -> None:
-    """Raise ``ValueError`` if ``tensor`` holds NaN or an infinity.
+    """Check that ``tensor`` holds no NaN and no infinity.
 
     One reduction (``aminmax``, which propagates NaN), no tensor of the input's size; the
     offending entry is located only when there is one.
+
+    Args:
+        name: the argument's name.
+        tensor: the tensor to check.
+
+    Raises:
+        ValueError: naming the first non-finite entry and its index.
+
+    Example:
+        >>> check_finite("logits", torch.zeros(2, 3))
+        >>> check_finite("logits", torch.tensor([[0.0, float("nan")]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: logits must be finite (no NaN or inf; checked because validate_args=True); \
+found nan at logits[0, 1]
     """
     if tensor.numel() == 0:
         return
@@ -381,6 +776,17 @@ def check_sums_to_one(
         over: what was summed, for the message (e.g. ``"the classes of each row"``).
         hint: appended to the message.
         values: the summed values (``sums.shape + (C,)``), or ``None``.
+
+    Raises:
+        ValueError: naming the sum farthest from 1, its index and the tolerance.
+
+    Example:
+        >>> probs = torch.tensor([[0.5, 0.5], [0.5, 0.4]])
+        >>> check_sums_to_one("preds", probs.sum(1), probs.dtype, over="the classes of each row")
+        Traceback (most recent call last):
+        ...
+        ValueError: preds must hold probabilities that sum to 1 over the classes of each row \
+(within 0.001 for torch.float32); found a sum of 0.8999999761581421 at [1]
     """
     tolerances = sum_tolerances(sums, dtype, values)
     if tolerances is None:
@@ -414,6 +820,21 @@ def check_loss_options(options: Mapping[str, Any]) -> None:
     ``alpha``, ``class_weight``: 1-D, and finite and ``>= 0`` when ``validate_args`` is true)
     are checked here; options that belong to one loss (``variant``, ``n_nodes``, ...) are
     checked by that loss. Used by ``check_hyperparameters`` of the loss modules.
+
+    Args:
+        options: the options by name; names not listed above are ignored.
+
+    Raises:
+        TypeError: an option of the wrong type.
+        ValueError: an option with a bad value.
+
+    Example:
+        >>> check_loss_options({"reduction": "mean", "ignore_index": -100, "weight": [1.0, 2.0]})
+        >>> check_loss_options({"reduction": "sum", "validate_args": 1})
+        Traceback (most recent call last):
+        ...
+        lightning_losses.functional.checks.ArgumentTypeError: validate_args must be True or \
+False; got 1
     """
     validate_args = options.get("validate_args", True)
     if "validate_args" in options:
