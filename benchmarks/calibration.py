@@ -43,6 +43,7 @@ from lightning_losses.calibration import CalibrationError, calibration_error
 
 
 def make_inputs(rows: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax probabilities ``[rows, classes]`` and mildly over-confident targets."""
     gen = torch.Generator().manual_seed(seed)
     scale = torch.empty(rows, 1).uniform_(0.0, 8.0, generator=gen)
     probs = torch.softmax(torch.randn(rows, classes, generator=gen) * scale, dim=1)
@@ -55,6 +56,7 @@ def make_inputs(rows: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, t
 def candidates(
     probs: torch.Tensor, target: torch.Tensor, n_bins: int, with_netcal: bool
 ) -> dict[str, Callable[[], float]]:
+    """The timed calls on ``[N, C]`` probabilities, by name: ours, torchmetrics, netcal."""
     classes = probs.shape[1]
 
     def ours_metric() -> float:
@@ -106,6 +108,7 @@ def make_dense_inputs(
 def dense_candidates(
     probs: torch.Tensor, target: torch.Tensor, n_bins: int
 ) -> dict[str, Callable[[], float]]:
+    """The timed calls on dense ``[N, C, H, W]`` probabilities, by name."""
     classes = probs.shape[1]
 
     def by_hand() -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,6 +161,7 @@ def run(cases: dict[str, Callable[[], float]], repeats: int) -> tuple[dict, dict
 
 
 def table(title: str, values: dict, median: dict, base: str, markdown: bool) -> None:
+    """Print the times and values of ``values`` beside ``base``'s (plain or Markdown)."""
     header = ["implementation", "ms", "time / ours", "ECE", "|ECE - ours|"]
     rows = [
         [
@@ -183,6 +187,7 @@ def table(title: str, values: dict, median: dict, base: str, markdown: bool) -> 
 
 
 def dense_benchmark(shape: list[int], n_bins: int, repeats: int, markdown: bool) -> None:
+    """Time and print the dense ``[N, C, H, W]`` case of ``--dense``."""
     images, classes, height, width = shape
     probs, target = make_dense_inputs(images, classes, height, width)
     values, median = run(dense_candidates(probs, target, n_bins), repeats)
@@ -214,6 +219,7 @@ def edge_hits(probs: torch.Tensor, n_bins: int) -> int:
 
 
 def main() -> None:
+    """Time the candidates on ``[N, C]`` probabilities and print the table and checks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--classes", type=int, default=100)

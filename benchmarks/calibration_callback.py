@@ -42,6 +42,7 @@ VARIANTS = {
 
 
 def fit_seconds(callbacks: list, epochs: int) -> float:
+    """Seconds per epoch of one fit of the digits model with ``callbacks``."""
     L.seed_everything(0, verbose=False)
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(
@@ -62,6 +63,7 @@ def fit_seconds(callbacks: list, epochs: int) -> float:
 
 
 def main() -> None:
+    """Fit each variant ``--repeats`` times, interleaved, and print the overheads."""
     silence_libraries()  # Lightning's tips and device lines stay out of the tables
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)

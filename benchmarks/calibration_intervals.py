@@ -46,10 +46,12 @@ class Stored(L.LightningModule):
         self.logits, self.target = logits, target
 
     def validation_step(self, rows, batch_idx):
+        """The stored logits and targets of the batch's rows."""
         return {"logits": self.logits[rows], "target": self.target[rows]}
 
 
 def validate_seconds(callbacks: list, module: Stored, batch_size: int) -> float:
+    """Seconds of one ``trainer.validate`` of ``module`` with ``callbacks``."""
     rows = DataLoader(torch.arange(module.logits.shape[0]), batch_size=batch_size)
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(
@@ -68,6 +70,7 @@ def validate_seconds(callbacks: list, module: Stored, batch_size: int) -> float:
 
 
 def cost(args: argparse.Namespace) -> None:
+    """Print what each monitor variant adds to a validation of stored logits."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(args.rows, args.classes, generator=generator) * 3
     target = torch.randint(0, args.classes, (args.rows,), generator=generator)
@@ -135,6 +138,7 @@ ALPHA, BETA, BINS = 4.0, 1.5, 15
 
 
 def population_ece(curve) -> float:
+    """The binned ECE of ``curve`` under Beta(4, 1.5) confidences (midpoint rule)."""
     points = 2_000_000
     c = (np.arange(points) + 0.5) / points
     log_norm = math.lgamma(ALPHA + BETA) - math.lgamma(ALPHA) - math.lgamma(BETA)
@@ -144,6 +148,7 @@ def population_ece(curve) -> float:
 
 
 def coverage(args: argparse.Namespace) -> None:
+    """Print how often the 95% interval of the binned ECE holds the population value."""
     print(
         f"95% interval of the binned ECE, {args.draws} draws, c ~ Beta(4, 1.5), 15 bins, "
         "200 replicates\n"
@@ -171,6 +176,7 @@ def coverage(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """The cost table, or with ``--coverage`` the coverage simulation."""
     silence_libraries()  # Lightning's tips and device lines stay out of the tables
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)

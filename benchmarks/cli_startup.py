@@ -37,7 +37,10 @@ PYTHON = sys.executable
 
 
 def console_script() -> list[str]:
-    """The installed ``lightning-losses`` script, else ``python -m lightning_losses.cli.console``."""
+    """The installed ``lightning-losses`` script.
+
+    Else ``python -m lightning_losses.cli.console``.
+    """
     script = Path(PYTHON).with_name("lightning-losses")
     return [str(script)] if script.is_file() else [PYTHON, "-m", "lightning_losses.cli.console"]
 

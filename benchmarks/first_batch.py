@@ -25,6 +25,7 @@ class FirstBatch(Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
+        """Print the mark and the time, then end the process at once."""
         print(f"\n{MARK} {time.time():.6f}", flush=True)  # after the progress bar's line
         sys.stderr.flush()
         os._exit(0)

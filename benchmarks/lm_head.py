@@ -99,6 +99,7 @@ SMOOTHED = {
 
 
 def all_cases() -> dict[str, Case]:
+    """Every candidate by name: PyTorch's plain and chunked heads, and ours."""
     return {
         "plain logits + F.cross_entropy": lambda h, w, t: F.cross_entropy(h @ w.T, t),
         BASELINE: _torch_chunked("mean"),
@@ -120,6 +121,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def make_inputs(shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0):
+    """Hidden states ``[N, H]``, weight ``[V, H]`` (both requiring grad) and targets."""
     n, h, v = shape
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=generator).to(dtype).requires_grad_()
@@ -135,6 +137,7 @@ def plain_bytes(shape: tuple[int, int, int]) -> int:
 
 
 def run_once(case: Case, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor):
+    """Seconds of one forward and backward of ``case`` (gradients reset first)."""
     hidden.grad = weight.grad = None
     start = time.perf_counter()
     case(hidden, weight, target).backward()
@@ -235,6 +238,7 @@ def report(shape, results, args, skipped: str | None) -> tuple[float, float | No
 
 
 def main() -> None:
+    """Time (and measure) every candidate on each shape and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shape, nargs="+", help="NxHxV, several allowed")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")

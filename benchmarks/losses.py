@@ -135,6 +135,7 @@ def _peer_cases() -> dict[str, tuple[str, Case]]:
 
 
 def all_cases() -> dict[str, tuple[str, Case]]:
+    """Every timed loss by name, with its kind of target."""
     return {**_family_cases(), **_peer_cases(), **_other_cases()}
 
 
@@ -147,6 +148,7 @@ SMOOTHED = {
 
 
 def make_inputs(rows: int, classes: int, seed: int = 0):
+    """Logits ``[rows, classes]`` (requiring grad), class indices and sparse labels."""
     generator = torch.Generator().manual_seed(seed)
     x = (2 * torch.randn(rows, classes, generator=generator)).requires_grad_()
     t = torch.randint(0, classes, (rows,), generator=generator)
@@ -155,6 +157,7 @@ def make_inputs(rows: int, classes: int, seed: int = 0):
 
 
 def run_once(case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> float:
+    """Seconds of one forward and backward of ``case`` (the gradient reset first)."""
     x.grad = None
     start = time.perf_counter()
     case(x, t, y).backward()
@@ -173,13 +176,15 @@ def measure_memory(name: str, rows: int, classes: int) -> None:
 
 
 def peak_memory(name: str, rows: int, classes: int) -> float:
+    """Peak extra MiB of ``name`` measured in a fresh process."""
     command = [sys.executable, __file__, "--memory-of", name]
     command += ["--rows", str(rows), "--classes", str(classes)]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32768)
     parser.add_argument("--classes", type=int, default=1000)
@@ -189,14 +194,11 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.memory_of:
-        measure_memory(args.memory_of, args.rows, args.classes)
-        return
+    return parser.parse_args()
 
-    cases = all_cases()
+
+def median_times(cases: dict[str, tuple[str, Case]], args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds of each case after a warm-up, interleaved (EXACT: ``--slow-repeats``)."""
     x, t, y = make_inputs(args.rows, args.classes)
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _, case in cases.values():
@@ -206,21 +208,23 @@ def main() -> None:
             if "exact" in name and repeat >= args.slow_repeats:
                 continue
             times[name].append(run_once(case, x, t, y))
-    median = {name: statistics.median(values) for name, values in times.items()}
-    memory = {}
-    if not args.no_memory:
-        memory = {name: peak_memory(name, args.rows, args.classes) for name in cases}
+    return {name: statistics.median(values) for name, values in times.items()}
 
+
+def print_table(
+    names: list[str], median: dict[str, float], memory: dict[str, float], args: argparse.Namespace
+) -> None:
+    """The table of times and peak memory, each over ``F.cross_entropy``'s."""
     base_time = median["F.cross_entropy"]
     base_memory = memory.get("F.cross_entropy")
-    threads = torch.get_num_threads()
     title = (
         f"forward+backward, logits [{args.rows}, {args.classes}] float32, CPU "
-        f"({threads} threads), torch {torch.__version__}; median of {args.repeats}"
+        f"({torch.get_num_threads()} threads), torch {torch.__version__}; median of "
+        f"{args.repeats}"
     )
     header = ["loss", "ms", "time / F.cross_entropy", "peak MiB", "memory / F.cross_entropy"]
     rows = []
-    for name in cases:
+    for name in names:
         mem = memory.get(name)
         mem_text = "" if mem is None else f"{mem:.0f}"
         mem_ratio = "" if mem is None or not base_memory else f"{mem / base_memory:.2f}x"
@@ -245,7 +249,11 @@ def main() -> None:
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-    worst = max(median[name] / base_time for name in FAMILY)
+
+
+def print_targets(median: dict[str, float], memory: dict[str, float]) -> None:
+    """The ratios the targets name: family, label smoothing and AdaFocal."""
+    worst = max(median[name] / median["F.cross_entropy"] for name in FAMILY)
     print(f"\nslowest family member: {worst:.3f}x F.cross_entropy")
     for name, plain in SMOOTHED.items():
         line = (
@@ -264,6 +272,23 @@ def main() -> None:
         f"adafocal_loss / focal_loss(2): {adafocal / median['focal_loss(2)']:.3f}x, "
         f"/ focal_loss(0.5): {adafocal / median['focal_loss(0.5)']:.3f}x (target: within 1.10x)"
     )
+
+
+def main() -> None:
+    """Time every case, measure its memory in child processes, print the table and targets."""
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_of:
+        measure_memory(args.memory_of, args.rows, args.classes)
+        return
+    cases = all_cases()
+    median = median_times(cases, args)
+    memory = {}
+    if not args.no_memory:
+        memory = {name: peak_memory(name, args.rows, args.classes) for name in cases}
+    print_table(list(cases), median, memory, args)
+    print_targets(median, memory)
 
 
 if __name__ == "__main__":

@@ -86,9 +86,11 @@ class PlainModule(L.LightningModule):
         self.ece = MulticlassCalibrationError(num_classes=10, n_bins=15) if ece else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, 10]`` of inputs ``[N, 40]``."""
         return self.head(self.backbone(x))
 
     def training_step(self, batch, batch_idx):
+        """Cross-entropy of the batch; logs the loss and the accuracy."""
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
@@ -98,6 +100,7 @@ class PlainModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
+        """Log loss, accuracy, NLL (and ECE); without ECE return the outputs."""
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
@@ -111,6 +114,7 @@ class PlainModule(L.LightningModule):
         return None
 
     def configure_optimizers(self):
+        """Adam, learning rate 0.01."""
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
 
@@ -118,6 +122,7 @@ class PlainModule(L.LightningModule):
 
 
 def full_module(criterion: Callable = CrossEntropyLoss) -> L.LightningModule:
+    """The package's ClassifierModule with the CNN1D and ``criterion()``."""
     return ClassifierModule(
         criterion(),
         input_dim=40,
@@ -128,35 +133,43 @@ def full_module(criterion: Callable = CrossEntropyLoss) -> L.LightningModule:
 
 
 def package_checkpoints() -> list[Callback]:
+    """The package's checkpoints: best by ``val/nll`` and ``LastCheckpoint``."""
     best = ModelCheckpoint(monitor="val/nll", mode="min", filename="best-{epoch}-{step}")
     return [best, LastCheckpoint()]
 
 
 def plain_checkpoints() -> list[Callback]:
+    """Lightning's ``ModelCheckpoint`` by ``val/nll`` with ``save_last``."""
     return [ModelCheckpoint(monitor="val/nll", mode="min", save_last=True)]
 
 
 def monitor() -> list[Callback]:
+    """A ``CalibrationMonitor`` without diagrams."""
     return [CalibrationMonitor(n_bins=15, diagram_every_n_epochs=0)]
 
 
 def package_logger(uri: str, root: str) -> L.pytorch.loggers.Logger:
+    """The package's ``TrackingLogger``."""
     return TrackingLogger(tracking_uri=uri, save_dir=root, run_name="overhead")
 
 
 def plain_logger(uri: str, root: str) -> L.pytorch.loggers.Logger:
+    """Lightning's ``MLFlowLogger``."""
     return MLFlowLogger(tracking_uri=uri, save_dir=root, run_name="overhead")
 
 
 def full_module_torch_loss() -> L.LightningModule:
+    """The full module with PyTorch's ``F.cross_entropy`` as criterion."""
     return full_module(lambda: F.cross_entropy)
 
 
 def plain_module_with_monitor() -> L.LightningModule:
+    """The plain module that leaves its ECE to a ``CalibrationMonitor``."""
     return PlainModule(ece=False)
 
 
 def both(*parts: Callable[[], list[Callback]]) -> Callable[[], list[Callback]]:
+    """One callbacks factory from several."""
     return lambda: [callback for part in parts for callback in part()]
 
 
@@ -190,13 +203,16 @@ class Clock(Callback):
 
     @staticmethod
     def now() -> tuple[float, float]:
+        """Wall clock and this thread's CPU time."""
         return time.perf_counter(), time.thread_time()
 
     def on_train_epoch_start(self, trainer, pl_module):
+        """Note the epoch's start."""
         self.epochs.append(self.now())
         self.batches.append([])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        """Note the batch's start."""
         self.batches[-1].append(self.now())
 
     def epoch_seconds(self) -> list[tuple[float, float]]:
@@ -213,12 +229,14 @@ class Clock(Callback):
 
 
 def data() -> MNIST1DDataModule:
+    """The MNIST-1D DataModule of every variant."""
     return MNIST1DDataModule(
         batch_size=100, seed=0, val_source="generated", val_samples=1000, val_seed=2
     )
 
 
 def fit(name: str, uri: str, epochs: int) -> Clock:
+    """Fit variant ``name`` for ``epochs`` epochs logging to ``uri``; its clock."""
     make_module, make_callbacks, make_logger = VARIANTS[name]
     clock = Clock()
     L.seed_everything(0, verbose=False)
@@ -242,6 +260,7 @@ def fit(name: str, uri: str, epochs: int) -> Clock:
 
 
 def free_port() -> int:
+    """A free local TCP port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -287,6 +306,7 @@ def store(kind: str) -> Iterator[str]:
 
 
 def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """Medians of the wall and CPU times of ``pairs``."""
     return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
@@ -321,7 +341,7 @@ def measure(kind: str, names: list[str], epochs: int, repeats: int) -> dict[str,
 
 
 def profile(kind: str, epochs: int) -> None:
-    """cProfile of one full fit: where the package's own time goes (cumulative, top 25)."""
+    """Profile one full fit with cProfile: where the package's own time goes (top 25)."""
     with store(kind) as uri:
         fit("full", uri, 2)
         profiler = cProfile.Profile()
@@ -335,6 +355,7 @@ def profile(kind: str, epochs: int) -> None:
 
 
 def report(kind: str, results: dict[str, tuple], markdown: bool) -> None:
+    """Print one store's table and the cost of each part of the full stack."""
     plain, full = results["plain"], results["full"]
     header = (
         "variant",
@@ -378,6 +399,7 @@ def report(kind: str, results: dict[str, tuple], markdown: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Measure each store and variant (or profile one fit) and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=5, help="epochs per fit (>= 3)")
     parser.add_argument("--repeats", type=int, default=5, help="fits per variant and store")

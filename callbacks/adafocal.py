@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -129,7 +130,7 @@ class AdaFocalUpdate(Callback):
         self._correct: list[Tensor] = []
         self._checked = False
         self.updates = 0  # updates made in this fit
-        self.last_diagram = None
+        self.last_diagram: Path | None = None
         self._last: tuple[int, tuple[Tensor, ...], bool] | None = None  # epoch, bins, drawn
 
     def __repr__(self) -> str:

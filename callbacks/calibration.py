@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -20,6 +20,9 @@ from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.checks import check_flag, sum_tolerances
 from lightning_losses.warning import LightningLossesWarning
+
+if TYPE_CHECKING:
+    from lightning_losses.calibration.functional import InputFormat
 
 STAGES = ("val", "test")
 #: Names under which a module may log a quantity the monitor computes (the monitor then leaves
@@ -209,7 +212,7 @@ class CalibrationMonitor(Callback):
         self.n_bootstrap = BS.check_n_bootstrap(n_bootstrap)
         self.seed = BS.check_seed(seed)
         self.n_bins = n_bins
-        self.input_format = input_format
+        self.input_format = cast("InputFormat", input_format)  # one of them: checked above
         self.diagram_every_n_epochs = diagram_every_n_epochs
         self.final_diagram = final_diagram
         self.adaptive = adaptive
@@ -232,11 +235,6 @@ class CalibrationMonitor(Callback):
         from lightning_losses.calibration import metrics as CM
 
         # The model's own outputs: no value checks on the hot path (shapes are still checked).
-        options = {
-            "input_format": self.input_format,
-            "validate_args": False,
-            "ignore_index": self.ignore_index,
-        }
         # One metric, one pass per batch, for the seven equal-width and proper-score numbers.
         summary = CM.CalibrationSummary(
             n_bins=self.n_bins,
@@ -246,11 +244,18 @@ class CalibrationMonitor(Callback):
             level=self.level,
             n_bootstrap=self.n_bootstrap,
             seed=self.seed,
-            **options,
+            input_format=self.input_format,
+            validate_args=False,
+            ignore_index=self.ignore_index,
         )
         built: dict[str, Any] = {"summary": summary}
         if self.adaptive:
-            built["adaptive_ece"] = CM.AdaptiveCalibrationError(n_bins=self.n_bins, **options)
+            built["adaptive_ece"] = CM.AdaptiveCalibrationError(
+                n_bins=self.n_bins,
+                input_format=self.input_format,
+                validate_args=False,
+                ignore_index=self.ignore_index,
+            )
         return built
 
     @override
@@ -486,6 +491,11 @@ class CalibrationMonitor(Callback):
         self._finish("test", trainer, pl_module)
 
 
+def _scale_temperature(module: Any, factor: float) -> None:
+    """Multiply ``module.temperature`` (any module's divisor of its logits) by ``factor``."""
+    module.temperature = module.temperature * factor
+
+
 class TemperatureScalingCallback(Callback):
     """At the end of fit, fit a temperature on the last validation epoch's logits and log it.
 
@@ -588,9 +598,10 @@ class TemperatureScalingCallback(Callback):
         """All processes' logits and targets; ``None`` (on every process) when there are none."""
         strategy = trainer.strategy
         local = sum(len(t) for t in self._targets)
+        counts: list[int]
         if trainer.world_size > 1:
-            counts = strategy.all_gather(torch.tensor(local, device=strategy.root_device))
-            counts = counts.flatten().tolist()
+            gathered = strategy.all_gather(torch.tensor(local, device=strategy.root_device))
+            counts = gathered.flatten().tolist()
         else:
             counts = [local]
         if not sum(counts):
@@ -628,7 +639,7 @@ class TemperatureScalingCallback(Callback):
         report = scaler.report(logits, target, n_bins=self.n_bins, ignore_index=self.ignore_index)
         self.report = {key: float(value) for key, value in report.items()}
         if self.apply_to_model:
-            pl_module.temperature = pl_module.temperature * self.report["temperature"]
+            _scale_temperature(pl_module, self.report["temperature"])
         metrics = {
             "calibration/temperature": self.report["temperature"],
             "calibration/val_ece_before": self.report["ece_before"],

@@ -41,6 +41,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
+        """Save ``checkpoint`` to ``path`` atomically (a remote path: Lightning's save)."""
         text = os.fspath(path)
         if "://" in text and not text.startswith("file://"):
             super().save_checkpoint(checkpoint, path, storage_options)

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_losses.functional.checks import check_choice, check_int
 from lightning_losses.functional.evaluation import correct_terms, nll_terms
 
 #: Splits whose DataModule loader the callback can read.
@@ -57,14 +58,10 @@ class SplitCurves(Callback):
     """
 
     def __init__(self, split: str = "test", every_n_epochs: int = 5, n_bins: int = 15) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
-        for name, value in (("every_n_epochs", every_n_epochs), ("n_bins", n_bins)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        check_choice("split", split, SPLITS)
         self.split = split
-        self.every_n_epochs = every_n_epochs
-        self.n_bins = n_bins
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1)
+        self.n_bins = check_int("n_bins", n_bins, low=1)
 
     def __repr__(self) -> str:
         return (

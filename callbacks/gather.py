@@ -18,7 +18,7 @@ def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tenso
     the rank-1 rows, and so on, on every process. The trailing dimensions and the dtype must be
     the same on every process. With one process the tensor is returned as it is.
     """
-    if strategy.world_size == 1:
+    if getattr(strategy, "world_size", 1) == 1:  # as Trainer.world_size reads it
         return tensor
     length = torch.tensor(tensor.shape[0], device=tensor.device)
     lengths = strategy.all_gather(length).flatten().tolist()

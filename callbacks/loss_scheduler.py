@@ -67,6 +67,12 @@ def criterion_names(criterion: Any) -> set[str]:
     return {cls.__name__} | {name for name in available_losses() if loss_class(name) is cls}
 
 
+def _trainer_callbacks(trainer: pl.Trainer) -> list[Callback]:
+    """``trainer.callbacks``."""
+    # Lightning's callback connector sets the attribute, out of mypy's sight.
+    return trainer.callbacks  # type: ignore[attr-defined]
+
+
 def _check_scope(name: str, values: Any, kind: type) -> list | None:
     """``values`` as a list of ``kind`` (``None`` stays ``None``); ``ValueError`` otherwise."""
     if values is None:
@@ -78,7 +84,7 @@ def _check_scope(name: str, values: Any, kind: type) -> list | None:
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, kind):
             raise ValueError(f"{name}[{i}] must be a {kind.__name__}; got {value!r}")
-        if kind is int and value < 0:
+        if kind is int and isinstance(value, int) and value < 0:
             raise ValueError(
                 f"{name}[{i}] must be a LossSwitch criteria index (>= 0); got {value!r}"
             )
@@ -109,12 +115,11 @@ class LossScheduler(Callback):
 
     The value is logged as ``schedule/<attribute>``, per step or per epoch, unless the module
     logs ``criterion/<attribute>`` itself (as
-    :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does in training for the attributes
-    that a schedule names in :meth:`changed_hyperparameters`): one metric per quantity. It is
-    recomputed from the trainer's progress each time, like Lightning's
-    ``GradientAccumulationScheduler``,
-    so a run resumed from a checkpoint continues the schedule exactly; no value is taken from
-    the checkpoint.
+    :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does in training for the
+    attributes that a schedule names in :meth:`changed_hyperparameters`): one metric per
+    quantity. It is recomputed from the trainer's progress each time, like Lightning's
+    ``GradientAccumulationScheduler``, so a run resumed from a checkpoint continues the schedule
+    exactly; no value is taken from the checkpoint.
 
     The total is ``trainer.estimated_stepping_batches`` (steps) or ``trainer.max_epochs``; it
     only matters for boundaries given as fractions. The total the schedule was timed with is
@@ -218,8 +223,8 @@ class LossScheduler(Callback):
             raise ValueError(
                 f"{type(self).__name__} sets criterion.{self.attribute}, but "
                 f"{type(pl_module).__name__} has no criterion: mix in "
-                "lightning_losses.lightning.mixin.LossMixin and call self.set_criterion(...), or set "
-                "self.criterion in __init__"
+                "lightning_losses.lightning.mixin.LossMixin and call self.set_criterion(...), or "
+                "set self.criterion in __init__"
             )
         self._check_attribute(criterion, "")
         return criterion
@@ -263,7 +268,7 @@ class LossScheduler(Callback):
 
     def _stage(self, trainer: pl.Trainer) -> int | None:
         """The current :class:`LossSwitch` criteria index; ``None`` without a switch."""
-        for callback in trainer.callbacks:
+        for callback in _trainer_callbacks(trainer):
             if isinstance(callback, LossSwitch):
                 return callback.index(trainer.current_epoch)
         return None
@@ -317,7 +322,7 @@ class LossScheduler(Callback):
         its criteria over the steps (or epochs) of its phase that lie in training.
         """
         end = math.inf if total is None else total
-        switches = [c for c in trainer.callbacks if isinstance(c, LossSwitch)]
+        switches = [c for c in _trainer_callbacks(trainer) if isinstance(c, LossSwitch)]
         if not switches:
             criterion = self._criterion(pl_module)
             return [_Target(criterion, 0, end, "")] if self._in_scope(criterion, None) else []
@@ -381,7 +386,7 @@ class LossScheduler(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        switched = any(isinstance(c, LossSwitch) for c in trainer.callbacks)
+        switched = any(isinstance(c, LossSwitch) for c in _trainer_callbacks(trainer))
         if self.stages is not None and not switched:
             raise ValueError(
                 f"{type(self).__name__}(stages={self.stages}) scopes the schedule to LossSwitch "

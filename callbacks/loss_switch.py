@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from typing_extensions import override
 
+from lightning_losses.functional.checks import check_int
 from lightning_losses.lightning.mixin import build_criterion, criterion_hyperparameters
 
 
@@ -32,9 +33,10 @@ class LossSwitch(Callback):
     criterion from its first step; it is logged as ``switch/index``.
 
     The switched-in module becomes the model's ``criterion`` submodule; with
-    :class:`~lightning_losses.lightning.mixin.LossMixin`, a checkpoint saved with one criterion loads into
-    a model built with another. A :class:`~lightning_losses.callbacks.LossScheduler` keeps
-    setting its attribute on whichever criterion is current.
+    :class:`~lightning_losses.lightning.mixin.LossMixin`, a checkpoint saved with one criterion
+    loads into a model built with another. A
+    :class:`~lightning_losses.callbacks.LossScheduler` keeps setting its attribute on whichever
+    criterion is current.
 
     Args:
         criteria: one criterion per phase, each a registry name (``"ce"``), a mapping
@@ -67,8 +69,7 @@ class LossSwitch(Callback):
                 f"{len(criteria)} criteria and {len(milestones)} milestones"
             )
         for i, milestone in enumerate(milestones):
-            if isinstance(milestone, bool) or not isinstance(milestone, int) or milestone < 0:
-                raise ValueError(f"milestones[{i}] must be an epoch (int >= 0); got {milestone!r}")
+            check_int(f"milestones[{i}]", milestone, low=0)  # an epoch
             if i and milestone <= milestones[i - 1]:
                 raise ValueError(f"milestones must be increasing; got {list(milestones)!r}")
         self.criteria = [spec if isinstance(spec, str) else dict(spec) for spec in criteria]
@@ -86,8 +87,9 @@ class LossSwitch(Callback):
     def changed_hyperparameters(self) -> set[str]:
         """The hyper-parameters whose value differs between two criteria that have them.
 
-        :class:`~lightning_losses.lightning.mixin.LossMixin` logs these as ``criterion/<name>`` metrics
-        (a value constant across the stages that have it is a param of the run, not a metric).
+        :class:`~lightning_losses.lightning.mixin.LossMixin` logs these as ``criterion/<name>``
+        metrics (a value constant across the stages that have it is a param of the run, not a
+        metric).
         The criteria are those built in ``setup("fit")`` (built here before it).
 
         Example:

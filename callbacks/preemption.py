@@ -17,7 +17,8 @@ whose status is 0, without a checkpoint. :class:`Preemption` builds on it:
 
 The checkpoint is taken at the end of a training batch, as Lightning's ``ModelCheckpoint(
 every_n_train_steps=...)`` takes its own, and the training loaders restore their position
-(:class:`~lightning_losses.data.samplers.ResumableDataLoader`), so resuming from it continues exactly.
+(:class:`~lightning_losses.data.samplers.ResumableDataLoader`), so resuming from it continues
+exactly.
 The epoch sums of the module's ``torchmetrics`` metrics (``train/loss_epoch``, ...) are part of
 this checkpoint and put back on resume, so the epoch's means count the batches before the stop.
 """
@@ -349,14 +350,18 @@ def checkpoint_path(trainer: pl.Trainer) -> Path:
     """
     from lightning_losses.callbacks.checkpoint import LastCheckpoint
 
-    callbacks = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
-    for callback in callbacks:
+    # Any checkpoint callback with a folder, by its attributes (ModelCheckpoint's names).
+    folders: list[tuple[Any, Path]] = []
+    for callback in trainer.checkpoint_callbacks:
+        dirpath = getattr(callback, "dirpath", None)
+        if dirpath:
+            folders.append((callback, Path(dirpath)))
+    for callback, folder in folders:
         if isinstance(callback, LastCheckpoint):
-            return Path(callback.dirpath) / f"{callback.filename}{callback.FILE_EXTENSION}"
-    for callback in callbacks:
+            return folder / f"{callback.filename}{callback.FILE_EXTENSION}"
+    for callback, folder in folders:
         if getattr(callback, "save_last", None):
-            name = f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-            return Path(callback.dirpath) / name
-    if callbacks:
-        return Path(callbacks[0].dirpath) / "last.ckpt"
+            return folder / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+    if folders:
+        return folders[0][1] / "last.ckpt"
     return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"

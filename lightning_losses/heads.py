@@ -75,6 +75,7 @@ class NormFaceHead(nn.Module):
         self.margin = margin
         self.weight = nn.Parameter(torch.empty(num_classes, in_features))
         nn.init.xavier_uniform_(self.weight)
+        self.scale: nn.Parameter | float  # learnable, or fixed
         if scale is None:
             start = max(1.0, normface_min_scale(num_classes, 0.99)) if num_classes > 1 else 1.0
             self.scale = nn.Parameter(torch.tensor(start))

@@ -81,7 +81,9 @@ class FunctionalLoss(nn.Module):
             if type(self) is cls:
                 self.check_hyperparameters()
 
-        cls.__init__ = __init__  # type: ignore[method-assign]
+        # mypy types neither assigning a method nor the functools.wraps wrapper of an unbound
+        # constructor; the wrapper takes and passes the constructor's arguments unchanged.
+        cls.__init__ = __init__  # type: ignore[method-assign,assignment]
 
     def _set_class_vector(self, name: str, value: Tensor | Sequence[float] | None) -> None:
         tensor = None if value is None else torch.as_tensor(value, dtype=torch.float32)
@@ -134,7 +136,7 @@ _ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
 
 
 def _index_loss_init(
-    self: FunctionalLoss,
+    self: CrossEntropyLoss,
     *,
     label_smoothing: float = 0.0,
     weight: Sequence[float] | Tensor | None = None,
@@ -187,9 +189,17 @@ class CrossEntropyLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.cross_entropy)
-    check = staticmethod(check_cross_entropy)
-    hyperparameter_names = ("label_smoothing",)
+    check: ClassVar[Callable[..., None]] = staticmethod(check_cross_entropy)
+    hyperparameter_names: ClassVar[tuple[str, ...]] = ("label_smoothing",)
     option_names = _INDEX_OPTIONS
+
+    # Set by the constructor (_index_loss_init); ``label_smoothing`` only where listed in
+    # ``hyperparameter_names``, ``weight`` a buffer.
+    label_smoothing: float
+    weight: Tensor | None
+    ignore_index: int
+    reduction: str
+    validate_args: bool
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         if cls.function is not LF.cross_entropy:  # another loss: no label_smoothing
@@ -198,7 +208,9 @@ class CrossEntropyLoss(FunctionalLoss):
             if "check" not in cls.__dict__:
                 cls.check = staticmethod(_no_hyperparameters)
             if "__init__" not in cls.__dict__:
-                cls.__init__ = _index_loss_init  # type: ignore[method-assign,assignment]
+                # a function of the right signature becomes the constructor (mypy does not
+                # type assigning a method)
+                cls.__init__ = _index_loss_init  # type: ignore[method-assign]
         super().__init_subclass__(**kwargs)  # wraps the constructor in the check
 
     def __init__(
@@ -499,10 +511,11 @@ class AdaFocalLoss(FunctionalLoss):
     def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> AdaFocalLoss:
         # Move the bins with the module, but never round them: a dtype cast of the whole model
         # (.half(), Lightning's "16-true") would otherwise change which bin a sample falls in.
-        saved = {name: self._buffers[name] for name in ("edges", "gammas")}
+        saved = {"edges": self.edges, "gammas": self.gammas}
         super()._apply(fn, *args, **kwargs)
+        moved = {"edges": self.edges, "gammas": self.gammas}
         for name, value in saved.items():
-            self._buffers[name] = value.to(self._buffers[name].device)
+            self._buffers[name] = value.to(moved[name].device)
         return self
 
     def extra_repr(self) -> str:
@@ -783,6 +796,8 @@ class LinearTargetLoss(nn.Module):
         >>> criterion(hidden, weight, torch.tensor([0, 2]))
         tensor(0.4398)
     """  # noqa: E501
+
+    class_weight: Tensor | None  # a buffer
 
     def __init__(
         self,

@@ -90,6 +90,7 @@ def progress_line(k: int, n: int, name: str, seconds: float, elapsed: float) -> 
 
 
 def print_table(rows: list[dict[str, object]], epochs: int) -> None:
+    """Print the demo's results, one row per config."""
     print(f"\nlightning-losses demo: {epochs} epochs each, validation split after the last epoch")
     header = (
         f"{'config':34s} {'loss':38s} {'task':10s} {'acc':>7s} {'NLL':>7s} {'ECE':>7s} "

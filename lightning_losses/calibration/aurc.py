@@ -43,7 +43,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 from lightning_losses.calibration import functional as CF
 from lightning_losses.calibration.functional import InputFormat, Task
 from lightning_losses.calibration.metrics import _CalibrationMetric
-from lightning_losses.functional.checks import check_flag
+from lightning_losses.functional.checks import check_flag, check_int
 
 __all__ = ["AURC", "aurc", "aurc_from_histogram", "aurc_histogram_bound", "aurc_histogram_edges"]
 
@@ -53,14 +53,6 @@ LOG_ODDS_RANGE = 36.0
 #: Default number of histogram bins of :class:`AURC`: log-odds bins 0.0072 wide, and one for
 #: confidences equal to 1.
 HISTOGRAM_BINS = 10_000
-
-
-def _check_histogram_bins(histogram_bins: object) -> int:
-    if isinstance(histogram_bins, bool) or not isinstance(histogram_bins, int):
-        raise TypeError(f"histogram_bins must be an int; got {type(histogram_bins).__name__}")
-    if histogram_bins < 2:
-        raise ValueError(f"histogram_bins must be at least 2; got {histogram_bins}")
-    return histogram_bins
 
 
 def _exact_aurc(confidence: Tensor, correct: Tensor) -> Tensor:
@@ -133,7 +125,7 @@ def aurc_histogram_edges(histogram_bins: int = HISTOGRAM_BINS, device: Any = Non
         >>> aurc_histogram_edges(4)
         tensor([6.1442e-06, 9.9999e-01, 1.0000e+00], dtype=torch.float64)
     """
-    _check_histogram_bins(histogram_bins)
+    check_int("histogram_bins", histogram_bins, low=2)
     steps = torch.arange(1, histogram_bins - 1, dtype=torch.float64, device=device)
     edges = torch.sigmoid(LOG_ODDS_RANGE * (2 * steps / (histogram_bins - 1) - 1))
     below_one = torch.tensor([1.0 - 2.0**-53], dtype=torch.float64, device=device)
@@ -277,7 +269,7 @@ class AURC(_CalibrationMetric):
             **kwargs,
         )
         check_flag("exact", exact)
-        self.histogram_bins = _check_histogram_bins(histogram_bins)
+        self.histogram_bins = check_int("histogram_bins", histogram_bins, low=2)
         self.exact = exact
         if exact:
             self.add_state("confidence", default=[], dist_reduce_fx="cat")

@@ -36,7 +36,7 @@ thresholds ``floor(2**32 F(j))`` (``F`` the Poisson(1) CDF, ``j = 0, 1, ...``) a
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from lightning_losses.calibration import functional as CF
+from lightning_losses.functional.checks import check_fraction, check_int
 
 __all__ = [
     "DEFAULT_N_BOOTSTRAP",
@@ -81,43 +82,14 @@ _POISSON_THRESHOLDS = [
 # --- arguments -------------------------------------------------------------------------------
 
 
-def check_level(level: object) -> float:
-    """``level`` as a float in (0, 1), else a ``ValueError`` (``TypeError``) naming it."""
-    if isinstance(level, bool) or not isinstance(level, Real):
-        raise TypeError(f"level must be a float in (0, 1), e.g. 0.95; got {type(level).__name__}")
-    value = float(level)
-    if not 0.0 < value < 1.0:
-        raise ValueError(
-            f"level must lie strictly between 0 and 1 (a confidence level such as 0.95); "
-            f"got {level!r}"
-        )
-    return value
-
-
-def _check_count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return int(value)
-
-
-def check_n_bootstrap(n_bootstrap: object) -> int:
-    """The number of replicates: an int >= 2."""
-    return _check_count("n_bootstrap", n_bootstrap, 2)
-
-
-def check_n_groups(n_groups: object) -> int:
-    """The number of groups: an int in [2, 2**31]."""
-    value = _check_count("n_groups", n_groups, 2)
-    if value > 2**31:
-        raise ValueError(f"n_groups must be at most 2**31; got {value}")
-    return value
-
-
-def check_seed(seed: object) -> int:
-    """The seed: an int in [0, 2**63)."""
-    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= int(seed) < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
-    return int(seed)
+#: The bootstrap's arguments, each the checks module's check with its name and range: the
+#: confidence level of an interval (a fraction, e.g. 0.95), the number of replicates (>= 2),
+#: of groups (the bootstrap's units: at least 2, and group ids fit the hash's 32 bits) and the
+#: seed (a non-negative int64).
+check_level = partial(check_fraction, "level", example="0.95")
+check_n_bootstrap = partial(check_int, "n_bootstrap", low=2)
+check_n_groups = partial(check_int, "n_groups", low=2, high=2**31)
+check_seed = partial(check_int, "seed", low=0, high=2**63 - 1)
 
 
 # --- hashing ---------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ in bin ``k - 1``. Per-bin sums (count, sum of confidences, sum of correct) are f
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal, NamedTuple
 
 import torch
@@ -56,6 +57,7 @@ from lightning_losses.functional import evaluation as FE
 from lightning_losses.functional.checks import (
     check_choice,
     check_ignore_index,
+    check_int,
     check_same_device,
     check_sums_to_one,
     first_non_finite,
@@ -89,12 +91,9 @@ __all__ = [
 # --- argument checks -------------------------------------------------------------------------
 
 
-def check_n_bins(n_bins: int) -> None:
-    """Raise unless ``n_bins`` is an integer of at least 1."""
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int):
-        raise TypeError(f"n_bins must be an int; got {type(n_bins).__name__}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be at least 1; got {n_bins}")
+#: The number of bins, an int >= 1: the checks module's :func:`~lightning_losses.functional.
+#: checks.check_int` with the name and minimum that every binned metric shares.
+check_n_bins = partial(check_int, "n_bins", low=1)
 
 
 def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> Task:
@@ -132,28 +131,7 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> Task
             f"preds must be a floating-point tensor of probabilities or logits; got {preds.dtype}"
         )
     shapes = f"preds {list(preds.shape)} and target {list(target.shape)}"
-    if preds.dim() == 1 and target.shape == preds.shape:
-        found: Task = "binary"
-    elif preds.dim() == 2 and target.dim() == 1 and target.shape[0] == preds.shape[0]:
-        found = "multiclass"
-    elif preds.dim() == 2 and target.shape == preds.shape:
-        found = "multilabel"
-    elif is_dense(preds, target):
-        found = "multiclass"
-    else:
-        class_last = preds.dim() >= 3 and target.shape == preds.shape[:-1]
-        hint = " (class-last preds [N, *, C]: pass preds.movedim(-1, 1))" if class_last else ""
-        raise ValueError(
-            f"cannot match {shapes}: expected preds [N] with target [N] (binary), preds [N, C] "
-            "with target [N] (multiclass), preds [N, C, *] with target [N, *] (dense "
-            f"multiclass) or preds [N, K] with target [N, K] (multilabel){hint}"
-        )
-    if found == "multiclass" and preds.shape[1] == 1:
-        raise ValueError(
-            f"preds [N, 1] with target [N] ({shapes}) has one class: for a binary problem pass "
-            "preds as [N] (one probability or logit per sample, e.g. preds.squeeze(1)), or "
-            "[N, 2] for the top label of two classes"
-        )
+    found = _task_of_shapes(preds, target, shapes)
     if task is not None and task != found:
         raise ValueError(f"task={task!r} does not fit {shapes}, which have the {found} shapes")
     if found == "multiclass" and (
@@ -169,6 +147,30 @@ def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> Task
     return found
 
 
+def _task_of_shapes(preds: Tensor, target: Tensor, shapes: str) -> Task:
+    """The task whose shapes ``preds`` and ``target`` have (``shapes`` says them for errors)."""
+    if preds.dim() == 1 and target.shape == preds.shape:
+        return "binary"
+    if preds.dim() == 2 and target.shape == preds.shape:
+        return "multilabel"
+    two_d = preds.dim() == 2 and target.dim() == 1 and target.shape[0] == preds.shape[0]
+    if not (two_d or is_dense(preds, target)):
+        class_last = preds.dim() >= 3 and target.shape == preds.shape[:-1]
+        hint = " (class-last preds [N, *, C]: pass preds.movedim(-1, 1))" if class_last else ""
+        raise ValueError(
+            f"cannot match {shapes}: expected preds [N] with target [N] (binary), preds [N, C] "
+            "with target [N] (multiclass), preds [N, C, *] with target [N, *] (dense "
+            f"multiclass) or preds [N, K] with target [N, K] (multilabel){hint}"
+        )
+    if preds.shape[1] == 1:
+        raise ValueError(
+            f"preds [N, 1] with target [N] ({shapes}) has one class: for a binary problem pass "
+            "preds as [N] (one probability or logit per sample, e.g. preds.squeeze(1)), or "
+            "[N, 2] for the top label of two classes"
+        )
+    return "multiclass"
+
+
 def _check_target_values(preds: Tensor, target: Tensor, task: str) -> None:
     """Multiclass targets in ``[0, C)``; binary and multi-label targets 0 or 1."""
     if target.numel() == 0:
@@ -177,10 +179,10 @@ def _check_target_values(preds: Tensor, target: Tensor, task: str) -> None:
         num_classes = preds.shape[1]
         low, high = torch.aminmax(target)
         if low < 0 or high >= num_classes:
-            bad = int(low) if low < 0 else int(high)
+            found = int(low) if low < 0 else int(high)
             raise ValueError(
                 f"target values must lie in [0, {num_classes - 1}] for preds with "
-                f"C={num_classes} classes; found {bad}"
+                f"C={num_classes} classes; found {found}"
             )
     elif target.dtype != torch.bool:
         bad = (target != 0) & (target != 1)
@@ -555,10 +557,9 @@ def _bin_sums(
     index: Tensor, confidence: Tensor, correct: Tensor, size: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Count (``bincount``) and two float64 ``index_add_`` sums into ``size`` bins."""
-    options = {"dtype": torch.float64, "device": confidence.device}
     count = torch.bincount(index, minlength=size).to(torch.float64)
-    conf_sum = torch.zeros(size, **options).index_add_(0, index, confidence.to(torch.float64))
-    correct_sum = torch.zeros(size, **options).index_add_(0, index, correct.to(torch.float64))
+    conf_sum = count.new_zeros(size).index_add_(0, index, confidence.to(torch.float64))
+    correct_sum = count.new_zeros(size).index_add_(0, index, correct.to(torch.float64))
     return count, conf_sum, correct_sum
 
 
@@ -841,9 +842,8 @@ def _classwise_inputs(
         return (*_per_class(preds, target, task, input_format), None)
     preds, target, task = _prepare(preds, target, task, input_format, False)
     check_ignore_index(ignore_index)
-    keep: Tensor | None = _kept(target, ignore_index)
-    if bool(keep.all()):
-        keep = None
+    kept_entries = _kept(target, ignore_index)
+    keep = None if bool(kept_entries.all()) else kept_entries
     if validate_args:
         kept = (preds, target) if keep is None else (preds[keep], target[keep])
         _check_values(*kept, task, input_format)

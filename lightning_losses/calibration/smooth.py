@@ -38,7 +38,8 @@ up over batches and over processes.
 from __future__ import annotations
 
 import math
-from numbers import Real
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
@@ -47,7 +48,7 @@ from torch import Tensor
 
 from lightning_losses.calibration import functional as CF
 from lightning_losses.calibration.functional import InputFormat, Task
-from lightning_losses.functional.checks import check_flag
+from lightning_losses.functional.checks import check_flag, check_int, check_real
 
 __all__ = [
     "GRID_SIZE",
@@ -101,28 +102,11 @@ class SmoothReliabilityCurve(NamedTuple):
 # --- arguments -------------------------------------------------------------------------------
 
 
-def check_bandwidth(bandwidth: object) -> float | None:
-    """``None`` (automatic) or a finite real ``>=`` :data:`MIN_BANDWIDTH`, as a float."""
-    if bandwidth is None:
-        return None
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, Real):
-        raise TypeError(
-            f"bandwidth must be None (automatic) or a float >= {MIN_BANDWIDTH}; got "
-            f"{type(bandwidth).__name__}"
-        )
-    value = float(bandwidth)
-    if not math.isfinite(value) or value < MIN_BANDWIDTH:
-        raise ValueError(
-            f"bandwidth must be None (automatic) or a finite float >= {MIN_BANDWIDTH} (the grid "
-            f"resolves no narrower kernel); got {bandwidth!r}"
-        )
-    return value
-
-
-def _check_grid_size(grid_size: object) -> int:
-    if isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < 2:
-        raise ValueError(f"grid_size must be an int >= 2; got {grid_size!r}")
-    return grid_size
+#: ``bandwidth``: ``None`` (automatic) or a finite real ``>=`` :data:`MIN_BANDWIDTH` (the grid
+#: resolves no narrower kernel), as a float; the checks module's check with this range.
+check_bandwidth: Callable[[object], float | None] = partial(
+    check_real, "bandwidth", low=MIN_BANDWIDTH, optional=True
+)
 
 
 def _grid_arrays(mass: Any, residual: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -187,7 +171,7 @@ def smooth_grid_statistics(
         >>> residual
         tensor([ 0.0000, -0.3125, -0.3125,  0.0000,  0.0000], dtype=torch.float64)
     """
-    grid_size = _check_grid_size(grid_size)
+    grid_size = check_int("grid_size", grid_size, low=2)
     if not isinstance(confidence, Tensor) or not confidence.is_floating_point():
         raise TypeError("confidence must be a floating-point tensor of values in [0, 1]")
     if not isinstance(correct, Tensor):

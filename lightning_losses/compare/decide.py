@@ -44,11 +44,6 @@ def _t_quantile(probability: float, dof: float) -> float:
     return float(t.ppf(probability, dof))
 
 
-def _check_level(level: float) -> None:
-    if not (isinstance(level, (int, float)) and 0.0 < float(level) < 1.0):
-        raise ValueError(f"level must lie in (0, 1), e.g. 0.95; got {level!r}")
-
-
 def _check_values(name: str, values: Sequence[float]) -> list[float]:
     values = [float(v) for v in values]
     if any(not math.isfinite(v) for v in values):
@@ -67,7 +62,10 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
         >>> mean, round(low, 4), round(high, 4)
         (2.0, -0.4841, 4.4841)
     """
-    _check_level(level)
+    # compare/ imports no torch at import time (the checks module does): imported when used
+    from lightning_losses.functional.checks import check_fraction
+
+    level = check_fraction("level", level, example="0.95")
     values = _check_values("values", values)
     if not values:
         raise ValueError("values must hold at least one number")
@@ -220,7 +218,9 @@ def decide(
         >>> d.verdict, d.seeds_needed
         ('undecided', 12)
     """
-    _check_level(level)
+    from lightning_losses.functional.checks import check_fraction
+
+    level = check_fraction("level", level, example="0.95")
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
         raise ValueError(f"margin must be a finite number >= 0; got {margin!r}")
     candidate = _check_values("candidate", candidate)

@@ -230,7 +230,7 @@ def format_table(
         blank line; a column left out or cut to fit ``width`` is named on a last line.
 
     Raises:
-        ValueError: ``sort_by`` is not a column, or ``width`` is not a positive integer.
+        ValueError: ``sort_by`` is not a column, or ``width`` is not an int >= 1 (nor None).
 
     Example:
         >>> print(format_table([
@@ -242,8 +242,10 @@ def format_table(
         b    CE           -        -   0.0200          -       -       -
         a    Focal        -        -   0.0500          -       3       -
     """
-    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise ValueError(f"width must be a positive integer or None; got {width!r}")
+    # compare/ imports no torch at import time (the checks module does): imported when used
+    from lightning_losses.functional.checks import check_int
+
+    width = check_int("width", width, low=1, optional=True)
     rows = sort_rows(rows, sort_by, descending)
     keep = _sort_key(rows, sort_by)
     columns = [

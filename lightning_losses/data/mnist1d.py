@@ -154,7 +154,8 @@ def _store(path: Path, arrays: dict[str, np.ndarray], args: dict[str, Any]) -> N
         directory.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.stem}-", suffix=".tmp")
         with os.fdopen(handle, "wb") as file:
-            np.savez(file, **arrays, args=np.array(_args_key(args)))
+            # numpy's stub lets **arrays reach the bool allow_pickle; the keys are array names
+            np.savez(file, **arrays, args=np.array(_args_key(args)))  # type: ignore[arg-type]
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -407,8 +408,9 @@ class MNIST1DDataModule(_SplitDataModule):
             parts_y.append(data["y_test"])
         if generated_val:
             #: mnist1d's arguments of the generated validation set (None: held out of x).
-            self.val_generation_args = _generation_args(val_samples, 0.0, val_seed)
-            val_data, val_path = _cached_dataset(self.val_generation_args, directory)
+            val_args = _generation_args(val_samples, 0.0, val_seed)
+            self.val_generation_args: dict[str, Any] | None = val_args
+            val_data, val_path = _cached_dataset(val_args, directory)
             self.cache_files.append(val_path)
             start = sum(len(y) for y in parts_y)
             val = np.arange(start, start + len(val_data["y_test"]))

@@ -78,7 +78,13 @@ class ResumableSampler(DistributedSampler):
             num_replicas = dist.get_world_size() if distributed else 1
         if rank is None:
             rank = dist.get_rank() if distributed else 0
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        super().__init__(
+            dataset,  # type: ignore[arg-type]  # typed Dataset, but only its len() is used
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+        )
         self.position = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -140,6 +146,7 @@ class ResumableDataLoader(DataLoader):
     """
 
     sampler: ResumableSampler
+    batch_size: int  # always given (DataLoader's is None only with a batch_sampler)
 
     def __init__(
         self,
@@ -170,7 +177,7 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def _samples_per_epoch(self) -> int:
-        return min(len(self) * self.batch_size, len(self.sampler))  # type: ignore[operator]
+        return min(len(self) * self.batch_size, len(self.sampler))
 
     def state_dict(self) -> dict[str, int]:
         """The epoch and the number of this replica's samples of it already handed out."""
@@ -239,7 +246,7 @@ class UnpaddedDistributedSampler(DistributedSampler):
     ) -> None:
         # DistributedSampler.__init__ is not called: it reads the process group now and pads.
         # Subclassing it only tells Lightning to leave this sampler in place.
-        self.dataset = dataset
+        self.dataset = dataset  # type: ignore[assignment]  # typed Dataset; only len() is used
         self._num_replicas = check_int("num_replicas", num_replicas, low=1, optional=True)
         self._rank = check_int("rank", rank, low=0, optional=True)
         self.epoch = 0

@@ -21,7 +21,7 @@ one pass over the chunk, so smoothing keeps no ``[N, C]`` tensor either.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -118,6 +118,7 @@ class _FusedTargetProbability(torch.autograd.Function):
         smooth = torch.empty(rows, dtype=dtype, device=logits.device) if smoothing else None
         if smooth_weight is not None:
             smooth_weight = smooth_weight.to(dtype)
+        row_weight = None
         if smoothing:  # a matrix-vector product sums rows in half the time of sum(dim=1) (CPU)
             row_weight = smooth_weight
             if row_weight is None:
@@ -129,7 +130,7 @@ class _FusedTargetProbability(torch.autograd.Function):
             for start, stop in row_chunks(rows, columns, elements):
                 log_softmax = torch.log_softmax(logits[start:stop].to(dtype), dim=1)
                 target_log_p[start:stop] = log_softmax.gather(1, target[start:stop, None])[:, 0]
-                if smooth is not None:
+                if smooth is not None and row_weight is not None:
                     torch.mv(log_softmax, row_weight, out=smooth[start:stop])
             zero = torch.zeros((), dtype=dtype, device=logits.device)
             log_p = torch.where(valid, target_log_p, zero)
@@ -137,7 +138,7 @@ class _FusedTargetProbability(torch.autograd.Function):
         derivative = torch.where(valid, derivative, zero)
         value = torch.where(valid, value, zero)
         ctx.smoothing = smoothing
-        if not smoothing:
+        if smooth is None:  # not smoothing
             ctx.save_for_backward(logits, target, derivative)
             return value
         ctx.save_for_backward(logits, target, derivative, valid, smooth_weight)
@@ -217,7 +218,7 @@ def target_probability_loss(
     target: Tensor,
     phi: Phi,
     *,
-    weight: Tensor | None = None,
+    weight: Tensor | Sequence[float] | None = None,
     weight_name: str = "weight",
     ignore_index: int = -100,
     reduction: str = "mean",

@@ -247,8 +247,9 @@ def binary_soft_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Sigmoid soft truncation
-    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
+    """Sigmoid soft truncation.
+
+    After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
 
     With ``w`` the ``pos_weight``: ``-w sigmoid(-k x) log sigmoid(x)`` for ``y = 1`` and
     ``-sigmoid(k x) log sigmoid(-x)`` for ``y = 0``; soft ``y`` mixes the two linearly.
@@ -312,8 +313,9 @@ def binary_hard_truncated_loss(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Sigmoid hard truncation
-    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
+    """Sigmoid hard truncation.
+
+    After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
 
     With ``w`` the ``pos_weight``: ``-w log s`` for ``y = 1`` where ``s <= margin`` (0 where
     the positive is already confident), ``-log(1 - s)`` for ``y = 0`` where

@@ -143,6 +143,15 @@ def _interval(low: float | None, high: float | None, low_open: bool, high_open: 
     return f"{left}{lo}, {hi}{right}"
 
 
+def _outside(
+    value: float, low: float | None, high: float | None, low_open: bool, high_open: bool
+) -> bool:
+    """Whether ``value`` is NaN, infinite or outside the range (see :func:`check_range`)."""
+    bad_low = low is not None and (value <= low if low_open else value < low)
+    bad_high = high is not None and (value >= high if high_open else value > high)
+    return bad_low or bad_high or not math.isfinite(value)
+
+
 def check_range(
     name: str,
     value: float,
@@ -184,29 +193,72 @@ def check_range(
         value = value.item()
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be a real number; got {type(value).__name__}")
-    bad_low = low is not None and (value <= low if low_open else value < low)
-    bad_high = high is not None and (value >= high if high_open else value > high)
-    if bad_low or bad_high or not math.isfinite(value):
+    if _outside(value, low, high, low_open, high_open):
         interval = _interval(low, high, low_open, high_open)
         raise ValueError(f"{name} must lie in {interval}; got {value!r}")
 
 
-def check_real(name: str, value: object) -> float:
-    """Check that ``value`` is a finite real number (any: a schedule's value) and return it.
+@overload
+def check_real(
+    name: str,
+    value: object,
+    *,
+    low: float | None = ...,
+    high: float | None = ...,
+    low_open: bool = ...,
+    high_open: bool = ...,
+    optional: Literal[False] = ...,
+    example: str | None = ...,
+) -> float: ...
+
+
+@overload
+def check_real(
+    name: str,
+    value: object,
+    *,
+    low: float | None = ...,
+    high: float | None = ...,
+    low_open: bool = ...,
+    high_open: bool = ...,
+    optional: bool,
+    example: str | None = ...,
+) -> float | None: ...
+
+
+def check_real(
+    name: str,
+    value: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+    example: str | None = None,
+) -> float | None:
+    """Check that ``value`` is a finite real number, in a range if given, and return it.
 
     Any real number type is accepted (``int``, ``float``, numpy scalars, ``Fraction``); a
-    ``bool`` is not. Use :func:`check_range` for a hyper-parameter kept as given, with bounds.
+    ``bool`` is not. The bounds work as in :func:`check_range`; use that one for a
+    hyper-parameter kept as given (a loss's, which may be a tensor).
 
     Args:
         name: the argument's name, for the message.
         value: the value to check.
+        low: the lower bound, or ``None``.
+        high: the upper bound, or ``None``.
+        low_open: exclude ``low`` itself.
+        high_open: exclude ``high`` itself.
+        optional: accept ``None`` too (and return it), e.g. for "automatic".
+        example: a typical value, quoted in the message (``"0.95"`` for a confidence level).
 
     Returns:
-        ``float(value)``.
+        ``float(value)``, or ``None`` for an accepted ``None``.
 
     Raises:
-        ArgumentTypeError: ``value`` is not a real number.
-        ValueError: it is NaN or infinite.
+        ArgumentTypeError: ``value`` is not a real number (nor an accepted ``None``).
+        ValueError: it is NaN, infinite or outside the range.
 
     Example:
         >>> check_real("start_value", 2)
@@ -215,21 +267,43 @@ def check_real(name: str, value: object) -> float:
         Traceback (most recent call last):
         ...
         ValueError: end_value must be a finite real number; got inf
+        >>> check_real("bandwidth", 0.0, low=0.001, optional=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: bandwidth must be None or lie in [0.001, inf); got 0.0
     """
-    message = f"{name} must be a finite real number; got {value!r}"
+    if value is None and optional:
+        return None
+    bounded = low is not None or high is not None
+    what = (
+        f"lie in {_interval(low, high, low_open, high_open)}"
+        if bounded
+        else "be a finite real number"
+    )
+    if optional:
+        what = f"be None or {what.removeprefix('be ')}"
+    hint = "" if example is None else f", e.g. {example}"
+    message = f"{name} must {what}{hint}; got {value!r}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentTypeError(message)
-    if not math.isfinite(value):
+    number = float(value)
+    if _outside(number, low, high, low_open, high_open):
         raise ValueError(message)
-    return float(value)
+    return number
 
 
-def check_fraction(name: str, value: float) -> None:
-    """Check that ``value`` is a fraction strictly between 0 and 1: some, but not all.
+def check_fraction(name: str, value: object, *, example: str | None = None) -> float:
+    """Check that ``value`` is a fraction strictly between 0 and 1 and return it as a float.
+
+    Some, but not all, of a set (a share of samples, of a split), or a confidence level.
 
     Args:
         name: the argument's name, for the message.
-        value: the value to check (a share of samples, of a split, ...).
+        value: the value to check.
+        example: a typical value, quoted in the message (``"0.95"`` for a confidence level).
+
+    Returns:
+        ``float(value)``.
 
     Raises:
         ArgumentTypeError: ``value`` is not a real number.
@@ -237,12 +311,15 @@ def check_fraction(name: str, value: float) -> None:
 
     Example:
         >>> check_fraction("val_fraction", 0.2)
-        >>> check_fraction("val_fraction", 0.0)
+        0.2
+        >>> check_fraction("level", 1.0, example="0.95")
         Traceback (most recent call last):
         ...
-        ValueError: val_fraction must lie in (0, 1); got 0.0
+        ValueError: level must lie in (0, 1), e.g. 0.95; got 1.0
     """
-    check_range(name, value, low=0.0, high=1.0, low_open=True, high_open=True)
+    return check_real(
+        name, value, low=0.0, high=1.0, low_open=True, high_open=True, example=example
+    )
 
 
 @overload
@@ -316,9 +393,10 @@ None; got 0.5 (float)
         raise ArgumentTypeError(
             f"{name} must be {expected}; got {value!r} ({type(value).__name__})"
         )
-    if (low is not None and value < low) or (high is not None and value > high):
+    number = int(value)
+    if (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"{name} must be {bound}; got {value!r}")
-    return int(value)
+    return number
 
 
 # --- tensors: type, shape and device (always checked) ----------------------------------------

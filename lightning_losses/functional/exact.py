@@ -1,6 +1,6 @@
-"""EXACT
-(Su Jianlin, "How to train your accuracy?"):
-the probability that the target wins under Gaussian noise, by quadrature.
+"""EXACT: the probability that the target wins under Gaussian noise, by quadrature.
+
+After Su Jianlin, "How to train your accuracy?".
 
 ``P(t) = P(argmax_j (x_j / sigma + e_j) = t)`` with ``e ~ N(0, I)``. Conditioning on the
 target's noise ``u`` gives a one-dimensional integral,
@@ -46,8 +46,10 @@ def _gauss_hermite(n_nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def _inverse_mills(z: Tensor) -> Tensor:
-    """``phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z / sqrt 2)``: no cancellation for ``z << 0``
-    (where it tends to ``-z``), and 0 at ``z = +inf``."""
+    """``phi(z) / Phi(z) = sqrt(2/pi) / erfcx(-z / sqrt 2)``.
+
+    No cancellation for ``z << 0`` (where it tends to ``-z``), and 0 at ``z = +inf``.
+    """
     return _SQRT_2_OVER_PI / torch.special.erfcx(-z * _SQRT_HALF)
 
 
@@ -174,8 +176,9 @@ def exact_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
-    """EXACT: one minus the probability that the target wins under Gaussian noise
-    (Su Jianlin, "How to train your accuracy?").
+    """EXACT: one minus the probability that the target wins under Gaussian noise.
+
+    After Su Jianlin, "How to train your accuracy?".
 
     ``P = P(argmax_j (x_j / sigma + e_j) = t) = ∫ phi(u) prod_{j != t} Phi((x_t - x_j)/sigma + u)
     du``, ``e ~ N(0, I)``, computed by Gauss–Hermite quadrature. The loss is ``1 - P`` (the

@@ -126,7 +126,7 @@ def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, di
     values = {**defaults, **hyperparameters}
     if loss in _CHECKS:
         _CHECKS[loss](**values)
-    resolved = {
+    resolved: dict[str, Any] = {
         name: tuple(float(v) for v in value) if isinstance(value, (tuple, list)) else float(value)
         for name, value in values.items()
     }
@@ -178,8 +178,10 @@ def check_chunk_size(chunk_size: int | None) -> None:
 
 
 def _check_class_weight(class_weight: Any, weight: Tensor, validate_args: bool) -> Tensor | None:
-    """``class_weight`` as a ``[V]`` float tensor on the weight's device, or ``None``; with
-    ``validate_args`` its values must be finite and ``>= 0``."""
+    """``class_weight`` as a ``[V]`` float tensor on the weight's device, or ``None``.
+
+    With ``validate_args`` its values must be finite and ``>= 0``.
+    """
     if class_weight is None:
         return None
     vocab = weight.shape[0]
@@ -208,6 +210,7 @@ def _check_inputs(
     ignore_index: int,
     validate_args: bool,
 ) -> None:
+    """Types, shapes and devices of the inputs; with ``validate_args``, their values too."""
     check_ignore_index(ignore_index)
     floats = [("hidden", hidden), ("weight", weight)] + (
         [("bias", bias)] if bias is not None else []
@@ -217,6 +220,18 @@ def _check_inputs(
             raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
         if not tensor.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor; got dtype {tensor.dtype}")
+    _check_head_shapes(hidden, weight, bias)
+    _check_target(target, hidden)
+    for name, tensor in [*floats[1:], ("target", target)]:
+        check_same_device(name, tensor, "hidden", hidden)
+    if validate_args:
+        check_class_indices("target", target, weight.shape[0], ignore_index=ignore_index)
+        for name, tensor in floats:
+            check_finite(name, tensor)
+
+
+def _check_head_shapes(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """``hidden`` ``[N, H]`` or ``[B, L, H]``, ``weight`` ``[V, H]`` and ``bias`` ``[V]``."""
     if hidden.dim() < 2:
         raise ValueError(
             f"hidden must have shape [N, H] or [B, L, H]; got shape {list(hidden.shape)}"
@@ -230,6 +245,10 @@ def _check_inputs(
         raise ValueError(
             f"bias must have shape [V] with V={weight.shape[0]}; got shape {list(bias.shape)}"
         )
+
+
+def _check_target(target: Tensor, hidden: Tensor) -> None:
+    """``target``: an integer tensor of class indices with the shape of ``hidden[..., 0]``."""
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor; got {type(target).__name__}")
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
@@ -239,12 +258,6 @@ def _check_inputs(
             f"target must have shape {list(hidden.shape[:-1])} to match hidden of shape "
             f"{list(hidden.shape)}; got {list(target.shape)}"
         )
-    for name, tensor in [*floats[1:], ("target", target)]:
-        check_same_device(name, tensor, "hidden", hidden)
-    if validate_args:
-        check_class_indices("target", target, weight.shape[0], ignore_index=ignore_index)
-        for name, tensor in floats:
-            check_finite(name, tensor)
 
 
 # --- the chunked computation --------------------------------------------------------------------
@@ -359,8 +372,10 @@ class _Head:
 
 @dataclass
 class _Grads:
-    """Gradient accumulators (``None`` where not wanted): hidden in its dtype, others in the
-    compute dtype until :meth:`finish`."""
+    """Gradient accumulators (``None`` where not wanted).
+
+    Hidden in its dtype, others in the compute dtype until :meth:`finish`.
+    """
 
     hidden: Tensor | None
     weight: Tensor | None
@@ -432,6 +447,16 @@ def _smoothing_offset(head: _Head, factor: float) -> Tensor:
     return head.class_weight * -factor
 
 
+def _row_sum_weight(head: _Head) -> Tensor:
+    """``w`` ``[V]`` of the smoothing term ``sum_c w_c z_c``: the class weights, or ones.
+
+    A matrix-vector product with it sums the rows fastest.
+    """
+    if head.class_weight is not None:
+        return head.class_weight
+    return torch.ones(head.weight.shape[0], dtype=head.dtype, device=head.hidden.device)
+
+
 def _forward_chunks(
     head: _Head,
     phi: Phi,
@@ -461,15 +486,13 @@ def _forward_chunks(
     buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
     smooth_factor = label_smoothing / head.weight.shape[0]
     offset = _smoothing_offset(head, smooth_factor * scale) if label_smoothing else None
-    row_sum_weight = head.class_weight  # a matrix-vector product sums rows fastest
-    if label_smoothing and row_sum_weight is None:
-        row_sum_weight = torch.ones(head.weight.shape[0], dtype=head.dtype, device=device)
+    row_sum_weight = _row_sum_weight(head) if label_smoothing else None
     for start, size, index, hidden, target in head.chunks():
         logits = head.logits(hidden, buffer.narrow(0, 0, size))
         shift = logits.amax(1, keepdim=True)
         logits.sub_(shift)
         target_logit = logits.gather(1, target.unsqueeze(1)).squeeze(1)
-        if label_smoothing:  # sum_c w_c z_c, before the logits turn into exponentials
+        if row_sum_weight is not None:  # sum_c w_c z_c, before the logits turn into exponentials
             weighted_sum = torch.mv(logits, row_sum_weight)
         denominator = logits.clamp_(min=floor).exp_().sum(1)
         log_denominator = denominator.log()
@@ -482,12 +505,12 @@ def _forward_chunks(
             value = (1.0 - label_smoothing) * value + smooth_factor * smooth
             derivative = (1.0 - label_smoothing) * derivative
         values.narrow(0, start, size).copy_(value)
-        if keep_for_backward:
+        if lse is not None and derivatives is not None:  # keep_for_backward
             lse.narrow(0, start, size).copy_(shift.squeeze(1) + log_denominator)
             derivatives.narrow(0, start, size).copy_(derivative)
         if grads is not None:
             g = derivative * -scale
-            if label_smoothing:  # softmax (g + s W) - s w, s = scale eps / V: one pass
+            if offset is not None:  # softmax (g + s W) - s w, s = scale eps / V: one pass
                 factor = (g + smooth_factor * scale * head.class_weight_sum) / denominator
                 torch.addcmul(offset, logits, factor.unsqueeze(1), out=logits)
             else:
@@ -505,9 +528,11 @@ def _backward_chunks(
     grads: _Grads,
     label_smoothing: float = 0.0,
 ) -> None:
-    """Recompute each chunk's softmax from ``lse`` and accumulate the gradients for the
-    per-row upstream gradient ``grad_rows`` ``[count]`` (with the smoothing term's
-    ``s_i (W softmax - w)``, ``s_i = grad_i eps / V``, when ``label_smoothing = eps``)."""
+    """Recompute each chunk's softmax from ``lse`` and accumulate the gradients.
+
+    The per-row upstream gradient is ``grad_rows`` ``[count]`` (with the smoothing term's
+    ``s_i (W softmax - w)``, ``s_i = grad_i eps / V``, when ``label_smoothing = eps``).
+    """
     if head.count == 0:
         return
     buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
@@ -575,8 +600,11 @@ class _Spec:
 
 
 class _LinearTargetLoss(torch.autograd.Function):
-    """Autograd of the chunked loss: gradients from the forward pass (mean / sum), or
-    recomputed chunk by chunk in the backward pass (none)."""
+    """Autograd of the chunked loss.
+
+    Gradients come from the forward pass (mean / sum), or are recomputed chunk by chunk in the
+    backward pass (none).
+    """
 
     @staticmethod
     def forward(

@@ -1,5 +1,6 @@
-"""Softmax-style cross-entropy for multi-label and n-by-m classification
-(Su Jianlin, "An unsuccessful attempt: extending multi-label cross-entropy to n m-class tasks").
+"""Softmax-style cross-entropy for multi-label and n-by-m classification.
+
+After Su Jianlin, "An unsuccessful attempt: extending multi-label cross-entropy to n m-class tasks".
 
 Every ``log(1 + sum exp(a))`` here is a ``logsumexp`` over the terms plus one zero column, with
 absent terms at ``-inf`` (never a large constant, which overflows float16). Decisions of the

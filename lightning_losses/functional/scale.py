@@ -1,6 +1,7 @@
-"""The scale of the logits
-(Wang Feng, "Understanding softmax: controlling its smoothness"):
-how large scaled-cosine logits must be, and Feature Incay."""
+"""The scale of the logits: how large scaled-cosine logits must be, and Feature Incay.
+
+After Wang Feng, "Understanding softmax: controlling its smoothness".
+"""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def normface_min_scale(num_classes: int, p: float) -> float:
 
 
 def feature_norm(features: Tensor, *, validate_args: bool = True) -> Tensor:
-    """Row norms ``||f||`` of ``[N, D]`` features; with ``validate_args``, zero rows and NaN or
-    infinite features are errors."""
+    """Row norms ``||f||`` of ``[N, D]`` features.
+
+    With ``validate_args``, zero rows and NaN or infinite features are errors.
+    """
     check_logits(features, name="features")
     if validate_args:
         check_finite("features", features)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from lightning_losses.functional._core import target_probability_loss
+from lightning_losses.functional._core import Phi, target_probability_loss
 from lightning_losses.functional.checks import (
     check_range,
     check_reduction,
@@ -105,7 +105,7 @@ def phi_hard_truncated(log_p: Tensor, margin: float) -> tuple[Tensor, Tensor]:
 
 
 #: The family's ``phi`` by registry name (used by the chunked linear-head losses too).
-FAMILY = {
+FAMILY: dict[str, Phi] = {
     "ce": phi_cross_entropy,
     "gamma_ce": phi_gamma_cross_entropy,
     "soft_accuracy": phi_soft_accuracy,
@@ -131,8 +131,10 @@ def check_cross_entropy(label_smoothing: float) -> None:
 
 
 def check_gamma_ce(gamma: float, threshold: float, label_smoothing: float = 0.0) -> None:
-    """``gamma`` and ``threshold`` of gamma cross-entropy, both in ``[0, 1]``, and
-    ``label_smoothing`` in ``[0, 1)``."""
+    """Check gamma cross-entropy's hyper-parameters.
+
+    ``gamma`` and ``threshold`` both in ``[0, 1]``, and ``label_smoothing`` in ``[0, 1)``.
+    """
     check_range("gamma", gamma, low=0.0, high=1.0)
     check_range("threshold", threshold, low=0.0, high=1.0)
     check_cross_entropy(label_smoothing)
@@ -285,9 +287,9 @@ def gamma_cross_entropy(
     reduction: str = "mean",
     validate_args: bool = True,
 ) -> Tensor:
-    """Gamma cross-entropy of TaiLr
-    (Su Jianlin, "A simple remedy for the overconfidence of cross-entropy"):
-    from cross-entropy to the expected error.
+    """Gamma cross-entropy of TaiLr: from cross-entropy to the expected error.
+
+    After Su Jianlin, "A simple remedy for the overconfidence of cross-entropy".
 
     ``loss = -log(gamma + (1-gamma) p_t) / (1-gamma)``. ``gamma = 0`` is cross-entropy, and as
     ``gamma -> 1`` the loss tends to ``1 - p_t`` (its value at ``gamma = 1``). The gradient is
@@ -367,8 +369,9 @@ def soft_accuracy_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
-    """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy
-    (Su Jianlin, "How to train your accuracy?").
+    """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy.
+
+    After Su Jianlin, "How to train your accuracy?".
 
     Args:
         logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
@@ -440,8 +443,9 @@ def focal_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
-    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t``
-    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
+    """Focal loss ``-alpha_t (1-p_t)^gamma log p_t``.
+
+    After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
 
     The focal weight is computed as ``(-expm1(log p_t))^gamma`` and its derivative in the form
     ``(1-p)^gamma (gamma p log p / (1-p) - 1)``, finite for every ``gamma >= 0`` including
@@ -548,9 +552,9 @@ def hard_truncated_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
-    """Hard truncation
-    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss"):
-    cross-entropy where ``p_t <= margin``, zero where above.
+    """Hard truncation: cross-entropy where ``p_t <= margin``, zero where above.
+
+    After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
 
     Samples the model already gets right with probability above ``margin`` stop contributing.
     ``margin = 1`` is cross-entropy. ``"mean"`` averages over all non-ignored elements,

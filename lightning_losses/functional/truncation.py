@@ -1,6 +1,7 @@
-"""Soft truncation
-(Su Jianlin, "From hard truncation of the loss, through softening, to focal loss"):
-the smooth counterpart of the hard-truncated cross-entropy."""
+"""Soft truncation: the smooth counterpart of the hard-truncated cross-entropy.
+
+After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
+"""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def soft_truncated_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
 ) -> Tensor:
-    """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t``
-    (Su Jianlin, "From hard truncation of the loss, through softening, to focal loss").
+    """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t``.
+
+    After Su Jianlin, "From hard truncation of the loss, through softening, to focal loss".
 
     The hard truncation's step ``[p_t <= margin]`` is replaced by the smooth factor
     ``softmax(-k x)_t``, which is near 1 when the target logit is the smallest and near 0 when it

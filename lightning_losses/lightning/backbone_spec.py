@@ -87,7 +87,9 @@ def backbone_features(backbone: nn.Module, input_dim: int) -> int:
             fails on that input or gives anything but a 2-D ``[2, F]`` tensor.
     """
     parameter = next(backbone.parameters(), None)
-    options = {} if parameter is None else {"device": parameter.device, "dtype": parameter.dtype}
+    options: dict[str, Any] = (
+        {} if parameter is None else {"device": parameter.device, "dtype": parameter.dtype}
+    )
     if parameter is not None and not parameter.is_floating_point():
         options.pop("dtype")
     probe = torch.zeros(2, input_dim, **options)

@@ -13,7 +13,7 @@ constructor arguments in ``init_args`` (a plain dict), so that a checkpoint can 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -109,7 +109,9 @@ class CNN1D(nn.Module):
     def output_features(self, length: int) -> int:
         """The number of features ``F`` for inputs of length ``length``."""
         for conv in (self.conv1, self.conv2, self.conv3):
-            (kernel,), (stride,), (padding,) = conv.kernel_size, conv.stride, conv.padding
+            # built above with integer padding, which Conv1d keeps as a 1-tuple (never a string)
+            padding_tuple = cast(tuple[int], conv.padding)
+            (kernel,), (stride,), (padding,) = conv.kernel_size, conv.stride, padding_tuple
             length = (length + 2 * padding - kernel) // stride + 1
         return self.channels * length
 

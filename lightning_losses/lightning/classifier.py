@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_losses.functional.checks import check_choice, check_real
 from lightning_losses.functional.evaluation import correct_terms, nll_terms
 from lightning_losses.heads import NormFaceHead
 from lightning_losses.lightning.backbone_spec import (
@@ -32,15 +33,55 @@ HEADS = ("linear", "normface", "cosface", "arcface")
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
+def _head_and_task(task: str, head: str, temperature: float) -> None:
+    """``task`` and ``head`` among their choices (a margin head is multiclass), ``temperature > 0``.
+
+    Raises:
+        ValueError: naming the argument, its choices and the value given.
+    """
+    check_choice("task", task, TASKS)
+    check_choice("head", head, HEADS)
+    if head != "linear" and task != "multiclass":
+        raise ValueError(f"head={head!r} needs task='multiclass'; got task={task!r}")
+    check_real("temperature", temperature, low=0.0, low_open=True)
+
+
+def _given_backbone(
+    backbone: nn.Module | Mapping[str, Any], hidden: Sequence[int], dropout: float
+) -> nn.Module:
+    """A given backbone as a module (built from a ``class_path`` mapping), without MLP options.
+
+    Raises:
+        TypeError: neither an ``nn.Module`` nor a mapping.
+        ValueError: ``hidden`` or ``dropout`` other than their defaults with it.
+    """
+    if isinstance(backbone, Mapping):
+        backbone = build_backbone(backbone)
+    if not isinstance(backbone, nn.Module):
+        raise TypeError(
+            "backbone must be None, an nn.Module or a {'class_path', 'init_args'} "
+            f"mapping; got {type(backbone).__name__}"
+        )
+    if list(hidden) != list(DEFAULT_HIDDEN) or dropout != DEFAULT_DROPOUT:
+        raise ValueError(
+            f"hidden and dropout configure the default MLP backbone only; with "
+            f"backbone={type(backbone).__name__} leave them at hidden="
+            f"{list(DEFAULT_HIDDEN)}, dropout={DEFAULT_DROPOUT} (got hidden="
+            f"{list(hidden)}, dropout={dropout}), or give backbone="
+            "lightning_losses.lightning.backbones.MLP with those arguments"
+        )
+    return backbone
+
+
 class ClassifierModule(LossMixin, L.LightningModule):
     """A classifier whose backbone, loss, head and optimizer are chosen in YAML.
 
     The backbone maps inputs ``[N, input_dim]`` to features ``[N, F]``: by default an
-    :class:`~lightning_losses.lightning.backbones.MLP`, ``Linear -> ReLU (-> Dropout)`` for each size in
-    ``hidden`` (``hidden=[]``: none, a logistic regression under a linear head), or any
-    ``nn.Module`` given as ``backbone`` (such as the MNIST-1D CNN
-    :class:`~lightning_losses.lightning.backbones.CNN1D`). The head is a linear layer (logits divided by a
-    fixed ``temperature``) or a scaled-cosine :class:`~lightning_losses.NormFaceHead`
+    :class:`~lightning_losses.lightning.backbones.MLP`, ``Linear -> ReLU (-> Dropout)`` for
+    each size in ``hidden`` (``hidden=[]``: none, a logistic regression under a linear head), or
+    any ``nn.Module`` given as ``backbone`` (such as the MNIST-1D CNN
+    :class:`~lightning_losses.lightning.backbones.CNN1D`). The head is a linear layer (logits
+    divided by a fixed ``temperature``) or a scaled-cosine :class:`~lightning_losses.NormFaceHead`
     (``normface``, ``cosface``, ``arcface``) on the ``F`` features. The output takes the shape
     the task's losses expect: ``[N, C]`` (``multiclass``), ``[N]`` (``binary``), ``[N, K]``
     (``multilabel``) or ``[N, n, m]`` (``nm``).
@@ -145,46 +186,15 @@ class ClassifierModule(LossMixin, L.LightningModule):
         backbone: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}; got {head!r}")
-        if head != "linear" and task != "multiclass":
-            raise ValueError(f"head={head!r} needs task='multiclass'; got task={task!r}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive; got {temperature!r}")
+        _head_and_task(task, head, temperature)
         if backbone is not None:
-            if isinstance(backbone, Mapping):
-                backbone = build_backbone(backbone)
-            if not isinstance(backbone, nn.Module):
-                raise TypeError(
-                    "backbone must be None, an nn.Module or a {'class_path', 'init_args'} "
-                    f"mapping; got {type(backbone).__name__}"
-                )
-            if list(hidden) != list(DEFAULT_HIDDEN) or dropout != DEFAULT_DROPOUT:
-                raise ValueError(
-                    f"hidden and dropout configure the default MLP backbone only; with "
-                    f"backbone={type(backbone).__name__} leave them at hidden="
-                    f"{list(DEFAULT_HIDDEN)}, dropout={DEFAULT_DROPOUT} (got hidden="
-                    f"{list(hidden)}, dropout={dropout}), or give backbone="
-                    "lightning_losses.lightning.backbones.MLP with those arguments"
-                )
+            backbone = _given_backbone(backbone, hidden, dropout)
         with warnings.catch_warnings():  # criterion and backbone modules: replaced just below
             warnings.filterwarnings(
                 "ignore", "Attribute '(backbone|criterion)' is an instance of `nn.Module`"
             )
             self.save_hyperparameters()
-        # Checkpoints must load with torch.load(weights_only=True): keep hparams plain.
-        if not is_plain(self.hparams.get("criterion")):
-            self.hparams["criterion"] = describe_criterion(criterion)
-        if not is_plain(self.hparams.get("optimizer")):
-            self.hparams.pop("optimizer")
-        if not is_plain(self.hparams.get("backbone")):
-            description = describe_backbone(backbone)
-            if description is None:  # load_from_checkpoint(path, backbone=...) rebuilds it
-                self.hparams.pop("backbone")
-            else:
-                self.hparams["backbone"] = description
+        self._make_hparams_plain(criterion, backbone)
         self.task = task
         self.num_tasks = num_tasks
         self.num_classes = num_classes
@@ -199,8 +209,9 @@ class ClassifierModule(LossMixin, L.LightningModule):
         self.backbone = backbone
         outputs = {"multiclass": num_classes, "binary": 1, "multilabel": num_classes}
         outputs["nm"] = num_tasks * num_classes
+        self.head: nn.Module
         if head == "linear":
-            self.head: nn.Module = nn.Linear(width, outputs[task])
+            self.head = nn.Linear(width, outputs[task])
         else:
             self.head = NormFaceHead(width, num_classes, scale=scale, margin=margin, kind=head)
         self.set_criterion(criterion)
@@ -211,7 +222,26 @@ class ClassifierModule(LossMixin, L.LightningModule):
         self.training_metrics = nn.ModuleDict({"loss": MeanOfTerms(), "acc": MeanOfTerms()})
         self._epoch_started = 0.0
 
+    def _make_hparams_plain(self, criterion: str | nn.Module, backbone: nn.Module | None) -> None:
+        """Describe or drop the hyper-parameters that are not plain data.
+
+        Checkpoints must load with ``torch.load(weights_only=True)``: a criterion module becomes
+        its description, an optimizer factory is dropped, and a backbone module becomes its
+        ``{"class_path", "init_args"}`` mapping where it has one (else it is dropped).
+        """
+        if not is_plain(self.hparams.get("criterion")):
+            self.hparams["criterion"] = describe_criterion(criterion)
+        if not is_plain(self.hparams.get("optimizer")):
+            self.hparams.pop("optimizer")
+        if backbone is not None and not is_plain(self.hparams.get("backbone")):
+            description = describe_backbone(backbone)
+            if description is None:  # load_from_checkpoint(path, backbone=...) rebuilds it
+                self.hparams.pop("backbone")
+            else:
+                self.hparams["backbone"] = description
+
     def forward(self, x: Tensor, target: Tensor | None = None) -> Tensor:
+        """Logits of ``x`` in the task's shape; a margin head uses ``target`` (training)."""
         features = self.backbone(x)
         if isinstance(self.head, NormFaceHead):
             return self.head(features, target)
@@ -242,7 +272,7 @@ class ClassifierModule(LossMixin, L.LightningModule):
         no collective per step) and adds the batch to the epoch's sums, which Lightning reduces
         across processes at the epoch's end (``train/loss_epoch``, ``train/acc_epoch``).
         """
-        metrics = self.training_metrics
+        metrics = cast(Mapping[str, MeanOfTerms], self.training_metrics)  # an nn.ModuleDict
         metrics["loss"](loss, weight=target.shape[0])
         metrics["acc"](correct_terms(logits, target, self.task))
         for name in ("loss", "acc"):
@@ -250,7 +280,7 @@ class ClassifierModule(LossMixin, L.LightningModule):
 
     def _log_evaluation(self, stage: str, logits: Tensor, target: Tensor, loss: Tensor) -> None:
         """Accumulate the stage's exact means; Lightning syncs their sums at the epoch's end."""
-        metrics = self.evaluation_metrics[stage]
+        metrics = cast(Mapping[str, MeanOfTerms], self.evaluation_metrics[stage])
         metrics["loss"].update(loss, weight=target.shape[0])
         metrics["acc"].update(correct_terms(logits, target, self.task))
         metrics["nll"].update(nll_terms(logits, target, self.task))
@@ -280,13 +310,16 @@ class ClassifierModule(LossMixin, L.LightningModule):
         return torch.sigmoid(logits)
 
     def on_train_start(self) -> None:
+        """Start the epoch's clock (also for a fit resumed inside an epoch)."""
         # A fit resumed inside an epoch gets no on_train_epoch_start for it: count from here.
         self._epoch_started = time.perf_counter()
 
     def on_train_epoch_start(self) -> None:
+        """Start the epoch's clock."""
         self._epoch_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
+        """Log ``time/epoch_seconds``, the slowest process's."""
         # The slowest process's time is the epoch's (one reduction per epoch under DDP).
         seconds = time.perf_counter() - self._epoch_started
         self.log("time/epoch_seconds", seconds, sync_dist=True, reduce_fx="max")

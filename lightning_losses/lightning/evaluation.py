@@ -44,6 +44,8 @@ class MeanOfTerms(Metric):
     is_differentiable = False
     higher_is_better = None
     full_state_update = False
+    total: Tensor  # states, added by the constructor
+    count: Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -77,8 +79,11 @@ class MeanOfTerms(Metric):
         """
         self.update(values, weight)
         values = values.detach()
-        self._forward_cache = (weight * values.sum(dtype=torch.float64)) / (weight * values.numel())
-        return self._forward_cache
+        batch_mean = (weight * values.sum(dtype=torch.float64)) / (weight * values.numel())
+        # torchmetrics initialises its forward cache to None and leaves it untyped, so mypy
+        # takes None for its type; Metric.forward stores the batch value there too.
+        self._forward_cache = batch_mean  # type: ignore[assignment]
+        return batch_mean
 
     def to(self, *args: Any, **kwargs: Any) -> MeanOfTerms:
         """``nn.Module.to``; a move to the states' own device (no dtype) returns at once.

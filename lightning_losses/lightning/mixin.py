@@ -5,13 +5,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_losses.lightning.class_path import instantiate
 from lightning_losses.registry import get_loss
+
+if TYPE_CHECKING:
+    import lightning as L
 
 #: Lightning precisions that keep the weights and optimizer state in half precision too (no
 #: float32 copy), with the float32 precision to suggest instead (weights in float32).
@@ -203,6 +206,14 @@ class LossMixin:
     """
 
     criterion: Any
+    _criterion_log: _CriterionLog | None
+
+    if TYPE_CHECKING:  # provided by the LightningModule this class is mixed into
+        training: bool
+        trainer: L.Trainer
+
+        def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+            """``LightningModule.log``."""
 
     def set_criterion(self, spec: CriterionSpec, **hyperparameters: Any) -> Any:
         """Replace the criterion (see :func:`build_criterion` for the forms ``spec`` takes)."""
@@ -254,6 +265,7 @@ class LossMixin:
         """
         precision = self._true_half_precision()
         if precision is not None:
+            # nn.Module.named_parameters of the LightningModule this class is mixed into
             named = list(self.named_parameters())  # type: ignore[attr-defined]
             finite = [torch.isfinite(p.detach()).all() for _, p in named]
             if finite and not bool(torch.stack(finite).all()):  # one sync for all weights
@@ -288,7 +300,9 @@ class LossMixin:
         if record is None or record.trainer != id(trainer):
             record = _CriterionLog(id(trainer))
             self._criterion_log = record
-        logged = record.update(values) | scheduled_hyperparameters(trainer.callbacks)
+        # Lightning's callback connector sets Trainer.callbacks, unseen by mypy
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        logged = record.update(values) | scheduled_hyperparameters(callbacks)
         for name, value in values.items():
             if name in logged:
                 self.log(f"criterion/{name}", value, on_step=True, on_epoch=False)

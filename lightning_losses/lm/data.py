@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_losses.data.samplers import ResumableDataLoader, UnpaddedDistributedSampler
+from lightning_losses.functional.checks import check_fraction
 
 #: A word (letters, digits, underscores) or a run of one punctuation character.
 TOKEN_PATTERN = re.compile(r"[a-z0-9_]+|([^\sa-z0-9_])\1*")
@@ -121,8 +122,7 @@ def split_topics(
         >>> split_topics(["d", "a", "c", "b"], 0.25, seed=0)
         (['a', 'b', 'd'], ['c'])
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    check_fraction("val_fraction", val_fraction)
     ordered = sorted(names)
     n_val = max(1, round(val_fraction * len(ordered)))
     if n_val >= len(ordered):

@@ -46,6 +46,11 @@ class TokenCalibration(Metric):
     """  # noqa: E501
 
     full_state_update = False
+    bin_count: Tensor  # states, added by the constructor
+    bin_confidence: Tensor
+    bin_correct: Tensor
+    nll_sum: Tensor
+    tokens: Tensor
 
     def __init__(self, n_bins: int = 15, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -182,6 +187,7 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         return hidden, loss
 
     def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:
+        """The batch's loss; logs ``train/loss`` and the scheduled criterion values."""
         tokens, target = batch
         if self._attached_to_trainer():
             self.log_criterion_hyperparameters()

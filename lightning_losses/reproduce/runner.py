@@ -71,8 +71,10 @@ def run_tags(claim: Claim, variant: Variant, seed: int, epochs: int) -> dict[str
 
 
 def _clauses(tags: dict[str, str], since_ms: int | None) -> str:
-    """The filter of ``search_runs``: these tags (keys quoted, they may hold dots), complete,
-    and started at or after ``since_ms`` when given."""
+    """The filter of ``search_runs`` for complete runs with these tags.
+
+    Keys are quoted (they may hold dots); runs started at or after ``since_ms`` when given.
+    """
     clauses = [f"tags.`{key}` = '{value}'" for key, value in {**tags, COMPLETE_TAG: "1"}.items()]
     if since_ms is not None:
         clauses.append(f"attributes.start_time >= {int(since_ms)}")
@@ -173,15 +175,17 @@ def multiclass_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, 
     """Accuracy, NLL, ECE, Brier, mean confidence and confidence - accuracy of top-1."""
     from lightning_losses.calibration import brier_score, calibration_error, negative_log_likelihood
 
-    options = {"input_format": "logits", "task": "multiclass"}
     probs = torch.softmax(logits, dim=1)
     accuracy = float(task_accuracy(logits, target, "multiclass"))
     confidence = float(probs.max(1).values.mean())
+    nll = negative_log_likelihood(logits, target, input_format="logits", task="multiclass")
+    ece = calibration_error(logits, target, n_bins=N_BINS, input_format="logits", task="multiclass")
+    brier = brier_score(logits, target, input_format="logits", task="multiclass")
     return {
         "acc": accuracy,
-        "nll": float(negative_log_likelihood(logits, target, **options)),
-        "ece": float(calibration_error(logits, target, n_bins=N_BINS, **options)),
-        "brier": float(brier_score(logits, target, **options)),
+        "nll": float(nll),
+        "ece": float(ece),
+        "brier": float(brier),
         "conf_gap": confidence - accuracy,
     }
 
@@ -297,8 +301,8 @@ def log_post_fit(
         client.log_metric(run_id, PREFIX + key, value if math.isfinite(value) else float("nan"))
     for path, content in artifacts.items():
         client.log_dict(run_id, content, path)
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
+    for key, tag in tags.items():
+        client.set_tag(run_id, key, tag)
     client.set_tag(run_id, COMPLETE_TAG, "1")
 
 
@@ -306,10 +310,18 @@ def train_variant(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> str:
     """Fit one run (:func:`~lightning_losses.cli.fit.run_fit`), log its post-fit metrics; its id."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
     from lightning_losses.cli.fit import run_fit
 
     cli = run_fit(fit_args(claim, variant, seed, epochs, tracking_uri, out))
-    run_id = cli.trainer.logger.run_id
+    logger = cli.trainer.logger
+    if not isinstance(logger, MLFlowLogger) or logger.run_id is None:
+        raise TypeError(
+            f"the config {variant.config!r} must log to MLflow (trainer.logger an MLFlowLogger "
+            f"such as lightning_losses.tracking.TrackingLogger); got {type(logger).__name__}"
+        )
+    run_id = logger.run_id
     metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
     client = client_for(tracking_uri)
     metrics.update(curve_summary(client, run_id))

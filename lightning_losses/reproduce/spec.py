@@ -445,6 +445,8 @@ def load_experiment(path: str | Path) -> Experiment:
     """
     import yaml
 
+    from lightning_losses.functional.checks import check_int  # torch: imported when used
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -453,9 +455,10 @@ def load_experiment(path: str | Path) -> Experiment:
         )
     spec = yaml.safe_load(path.read_text()) or {}
     epochs = int(spec.get("epochs", 15))
-    min_seeds = spec.get("min_seeds", 1)
-    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 1:
-        raise ValueError(f"{path}: min_seeds must be an integer >= 1; got {min_seeds!r}")
+    try:
+        min_seeds = check_int("min_seeds", spec.get("min_seeds", 1), low=1)
+    except ValueError as error:  # an ArgumentTypeError too
+        raise ValueError(f"{path}: {error}") from error
     shared = _overrides(spec.get("overrides"), f"{path}")
     variants: list[Variant] = []
     for i, item in enumerate(spec.get("variants") or []):

@@ -231,7 +231,7 @@ def test_brier_metric_needs_num_classes_for_multiclass():
         BrierDecomposition().update(logits.softmax(1), target)
     with pytest.raises(ValueError, match="num_classes=4"):
         BrierDecomposition(num_classes=4).update(logits.softmax(1), target)
-    with pytest.raises(ValueError, match="n_bins must be at least 1"):
+    with pytest.raises(ValueError, match="n_bins must be >= 1; got 0"):
         brier_decomposition(logits.softmax(1), target, n_bins=0)
 
 
@@ -373,7 +373,7 @@ def test_aurc_histogram_edges_are_log_odds_and_a_bin_for_one():
     saturated = torch.tensor([1.0, 1.0, 1 - 2**-52, 0.999], dtype=torch.float64)
     index = torch.bucketize(saturated, edges, right=False)
     assert index.tolist()[:2] == [9_999, 9_999] and index[2] < 9_999
-    with pytest.raises(ValueError, match="histogram_bins must be at least 2"):
+    with pytest.raises(ValueError, match="histogram_bins must be >= 2; got 1"):
         AURC(histogram_bins=1)
     with pytest.raises(TypeError, match="exact must be True or False"):
         AURC(exact=1)

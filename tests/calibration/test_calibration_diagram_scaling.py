@@ -203,6 +203,7 @@ def test_save_reliability_diagram_accepts_tuple_or_metric(tmp_path, sample_bins)
         save_reliability_diagram(np.ones(3), tmp_path / "c.png")
 
 
+@pytest.mark.slow
 def test_no_pyplot_figures_and_lazy_imports(tmp_path, sample_bins):
     _, _, bins = sample_bins
     before = plt.get_fignums()

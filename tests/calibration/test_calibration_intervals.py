@@ -358,6 +358,7 @@ def _worker(rank: int, out: str) -> None:
     torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_with_uneven_shares_equal_one_process(tmp_path):
     spawn_gloo(_worker, str(tmp_path))
     logits, target = _data()

@@ -548,6 +548,7 @@ def _ddp_worker(rank: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_single_process(tmp_path):
     spawn_gloo(_ddp_worker, str(tmp_path))
     probs, _, target = _ddp_data()
@@ -750,6 +751,7 @@ def test_preds_and_target_on_two_devices(call):
 # --- imports --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_imports_stay_light():
     package = Path(cal.__file__).parent
     for name in ("__init__.py", "functional.py", "metrics.py"):

@@ -231,6 +231,7 @@ def _worker(rank: int, out: str) -> None:
     torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_give_the_values_of_all_pixels(tmp_path):
     spawn_gloo(_worker, str(tmp_path), processes=len(SHARES))
     logits, target = _images()

@@ -262,23 +262,27 @@ def test_empty_metric_and_grid_give_nan():
         smooth_reliability_diagram(zeros, zeros)
 
 
+#: The bandwidth's message: None (automatic) or at least the narrowest kernel, 0.001.
+BANDWIDTH = r"^bandwidth must be None or lie in \[0\.001, inf\); got "
+
+
 @pytest.mark.parametrize("bad", [0.0, -0.1, 0.0009, float("nan"), float("inf")])
 def test_bad_bandwidth_value_is_named(bad):
     preds, target = torch.tensor([0.2, 0.9]), torch.tensor([0, 1])
-    with pytest.raises(ValueError, match="bandwidth must be None"):
+    with pytest.raises(ValueError, match=BANDWIDTH):
         smooth_calibration_error(preds, target, bandwidth=bad)
-    with pytest.raises(ValueError, match="bandwidth must be None"):
+    with pytest.raises(ValueError, match=BANDWIDTH):
         SmoothCalibrationError(bandwidth=bad)
     mass, residual = smooth_grid_statistics(preds, target)
-    with pytest.raises(ValueError, match="bandwidth must be None"):
+    with pytest.raises(ValueError, match=BANDWIDTH):
         smooth_calibration_error_from_grid(mass, residual, bandwidth=bad)
 
 
 @pytest.mark.parametrize("bad", ["0.1", True, [0.1]])
 def test_bad_bandwidth_type_is_named(bad):
-    with pytest.raises(TypeError, match="bandwidth must be None"):
+    with pytest.raises(TypeError, match=BANDWIDTH):
         smooth_calibration_error(torch.tensor([0.2]), torch.tensor([1]), bandwidth=bad)
-    with pytest.raises(TypeError, match="bandwidth must be None"):
+    with pytest.raises(TypeError, match=BANDWIDTH):
         SmoothCalibrationError(bandwidth=bad)
 
 
@@ -294,7 +298,7 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="num_classes"):
         metric = SmoothCalibrationError(num_classes=3)
         metric.update(torch.rand(2, 4).softmax(1), torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="grid_size must be an int >= 2"):
+    with pytest.raises(ValueError, match="grid_size must be >= 2; got 1"):
         smooth_grid_statistics(torch.tensor([0.5]), torch.tensor([1.0]), grid_size=1)
     with pytest.raises(ValueError, match="confidence and correct must have the same length"):
         smooth_grid_statistics(torch.tensor([0.5]), torch.tensor([1.0, 0.0]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from helpers.ddp import spawn_gloo
 
@@ -57,6 +58,7 @@ def _worker(rank: int, out: str) -> None:
     torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_synced_metric_equals_single_process_value(tmp_path):
     spawn_gloo(_worker, str(tmp_path), processes=len(SHARES))
     logits, target = _data()

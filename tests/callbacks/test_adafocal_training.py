@@ -29,11 +29,6 @@ from lightning_losses.lightning.classifier import ClassifierModule
 CONFIG = CONFIGS / "digits_adafocal.yaml"
 QUICK = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*does not have many workers:UserWarning",
-    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
-)
-
 
 # --- the reference, plainly --------------------------------------------------------------------
 
@@ -259,6 +254,9 @@ def adafocal_fit(tmp_path: Path, ckpt_path: Path | None = None, callbacks=()) ->
     return model, gammas
 
 
+# Lightning's note that the resumed trainer lacks the checkpoint's callbacks: on purpose (the
+# Preemption / ModelCheckpoint that wrote it is not needed to resume).
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create")
 def test_resume_mid_epoch_gives_bit_identical_gammas_and_weights(tmp_path):
     straight, straight_gammas = adafocal_fit(tmp_path / "straight")
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=40)
@@ -280,6 +278,7 @@ def test_resume_mid_epoch_gives_bit_identical_gammas_and_weights(tmp_path):
     assert torch.equal(straight.criterion.edges, resumed.criterion.edges)
 
 
+@pytest.mark.slow
 def test_readme_resume_command_restores_the_gammas(tmp_path, monkeypatch):
     """``fit --config configs/digits_adafocal.yaml`` then ``--ckpt_path .../last.ckpt``."""
     monkeypatch.chdir(tmp_path)
@@ -312,6 +311,7 @@ def test_load_from_checkpoint_keeps_the_saved_bins(tmp_path):
 # --- DDP: 2 gloo processes, uneven validation shares -------------------------------------------
 
 
+@pytest.mark.slow
 def test_ddp_gammas_equal_the_single_process_update(tmp_path):
     """One epoch under DDP; the validation after it used the final weights (last.ckpt)."""
     uri = f"sqlite:///{tmp_path}/ddp.db"

@@ -269,6 +269,8 @@ def test_missing_outputs_fail_in_the_sanity_check(tmp_path, callback):
 # ----------------------------------------------------------------------------------------------
 
 
+# Lightning's note that a checkpoint tested by a second trainer was written in another folder.
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from:UserWarning")
 def test_diagram_names_carry_the_epoch_of_the_weights(tmp_path):
     train, val = data()
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
@@ -315,6 +317,7 @@ def test_a_plain_module_gets_the_callbacks_metrics(tmp_path):
     assert float(metrics["val/accuracy"]) == pytest.approx(float(accuracy), abs=1e-7)
 
 
+@pytest.mark.slow
 def test_the_default_config_with_another_loss_says_what_the_schedule_replaces(isolated_tracking):
     """``lightning-losses fit --model.criterion=focal``: the default GammaAnnealing replaces 2.0."""
     from lightning_losses.cli.fit import run_fit

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: conftest.py and helpers/
 JUNKDRAWER = "hypothesis.internal.conjecture.junkdrawer"
 
 SCRIPT = f"""

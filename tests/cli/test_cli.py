@@ -50,6 +50,7 @@ def test_configs_are_shipped():
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.slow
 def test_every_config_fits_end_to_end(config, tmp_path):
     cli = main(["fit", "--config", str(config), *QUICK])
     trainer = cli.trainer
@@ -64,6 +65,7 @@ def test_every_config_fits_end_to_end(config, tmp_path):
     assert type(cli.model.criterion).__name__ == class_path.rsplit(".", 1)[-1]
 
 
+@pytest.mark.slow
 def test_no_config_runs_the_default_annealed_gamma_ce():
     cli = main(["fit", *QUICK])
     assert isinstance(cli.model.criterion, GammaCrossEntropyLoss)
@@ -96,6 +98,7 @@ def test_misspelled_key_fails_at_start_up_naming_it(tmp_path, capsys):
     assert not (tmp_path / "mlflow.db").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_schedule_on_missing_attribute_fails_naming_it(tmp_path):
     text = (ROOT / "configs" / "digits_focal.yaml").read_text()
     scheduler = (
@@ -114,6 +117,7 @@ def test_schedule_on_missing_attribute_fails_naming_it(tmp_path):
     assert "gamma" in str(error.value)  # the message lists what FocalLoss does have
 
 
+@pytest.mark.slow
 def test_fit_then_test_and_predict_from_checkpoint(tmp_path):
     config = str(ROOT / "configs" / "digits_focal.yaml")
     cli = main(["fit", "--config", config, *QUICK])
@@ -125,6 +129,7 @@ def test_fit_then_test_and_predict_from_checkpoint(tmp_path):
     assert loss_class("focal") is type(tested.model.criterion)
 
 
+@pytest.mark.slow
 def test_console_script_runs(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     config = str(ROOT / "configs" / "digits_ce.yaml")
@@ -155,6 +160,7 @@ def test_abbreviated_option_is_an_error_naming_it(capsys):
     assert "unrecognized arguments: --trainer.max_epoch=1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_unreachable_tracking_server_is_one_short_message(tmp_path):
     port = free_port()  # a port nobody listens on
     uri = f"http://127.0.0.1:{port}"

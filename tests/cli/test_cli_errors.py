@@ -120,6 +120,7 @@ def test_errors_found_before_lightning_is_imported(args, names, suggestion, tmp_
     ],
     ids=["out-of-range", "trainer-key", "model-key"],
 )
+@pytest.mark.slow
 def test_errors_of_the_parser_and_constructors_are_one_line(args, names, suggestion, tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     command = [str(SCRIPT), "fit", *args, *QUICK]
@@ -150,6 +151,7 @@ def test_errors_of_the_parser_and_constructors_are_one_line(args, names, suggest
     ],
     ids=["class-argument", "loss-name", "callback-value"],
 )
+@pytest.mark.slow
 def test_python_main_reports_the_same_errors_in_one_line(args, names, suggestion, capsys):
     """From Python (no light checks first): the parser's and the constructors' one line."""
     with pytest.raises(SystemExit) as stop:
@@ -162,6 +164,7 @@ def test_python_main_reports_the_same_errors_in_one_line(args, names, suggestion
         assert f"did you mean {suggestion}?" in line
 
 
+@pytest.mark.slow
 def test_python_main_takes_a_registered_loss_name(monkeypatch):
     """Only the console script's light check knows just the built-in names."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # put back after

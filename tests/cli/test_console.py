@@ -117,6 +117,7 @@ def test_evaluation_without_checkpoint_is_refused_in_python_too(tmp_path, capsys
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_fit_fits_and_keeps_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", [sys.argv[0], "--not-for-the-cli"])
     config = str(ROOT / "configs" / "digits_ce.yaml")

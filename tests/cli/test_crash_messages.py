@@ -81,6 +81,7 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 # --- a checkpoint that cannot be read ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoint_problem_refuses_what_torch_load_cannot_read(fitted, tmp_path):
     data = fitted.last.read_bytes()
     for cut in (0, 1, 4, 100, len(data) // 2, len(data) - 22, len(data) - 1):
@@ -99,6 +100,7 @@ def test_checkpoint_problem_refuses_what_torch_load_cannot_read(fitted, tmp_path
     assert checkpoint_problem(notes).startswith("neither a zip archive nor a pickle")
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_is_one_line_and_creates_no_run(fitted, tmp_path):
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(fitted.last.read_bytes()[:3000])
@@ -117,6 +119,7 @@ def test_a_truncated_checkpoint_is_one_line_and_creates_no_run(fitted, tmp_path)
     assert runs_in(f"sqlite:///{tmp_path / 'mlflow.db'}") == []
 
 
+@pytest.mark.slow
 def test_an_empty_checkpoint_is_one_line_and_creates_no_run(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -145,6 +148,7 @@ HOLD_LOCK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_locked_store_is_one_line_naming_the_file(fitted, tmp_path):
     store = tmp_path / "mlflow.db"
     store.write_bytes((fitted.folder / "mlflow.db").read_bytes())  # an MLflow store with a run
@@ -189,6 +193,7 @@ def test_other_sqlite_errors_name_the_store_and_their_cause(tmp_path):
 # --- a failed save -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_failed_save_leaves_no_checkpoint_and_names_it(tmp_path):
     hidden, limit = 1024, 4_000_000
     # float32 weights plus Adam's two moments of the digits MLP [64 -> 1024 -> 1024 -> 10]:
@@ -224,6 +229,7 @@ SAVE_PAST_LIMIT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_failed_save_keeps_the_earlier_checkpoint_of_that_name(tmp_path):
     target = tmp_path / "last.ckpt"
     done = subprocess.run(
@@ -277,6 +283,7 @@ def _new_entries(client: MlflowClient, run_id: str, key: str, before: list) -> l
     return [m for m in history if (m.step, m.timestamp, m.value) not in seen]
 
 
+@pytest.mark.slow
 def test_validate_logs_at_the_checkpoints_global_step(fitted):
     step = int(torch.load(fitted.last, weights_only=True)["global_step"])
     assert step > 0
@@ -291,6 +298,7 @@ def test_validate_logs_at_the_checkpoints_global_step(fitted):
     assert new and {m.step for m in new} == {step}
 
 
+@pytest.mark.slow
 def test_test_logs_at_the_checkpoints_global_step(fitted):
     step = int(torch.load(fitted.last, weights_only=True)["global_step"])
     client = MlflowClient(fitted.uri)
@@ -304,6 +312,7 @@ def test_test_logs_at_the_checkpoints_global_step(fitted):
 # --- 16-true ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_16_true_with_adam_stops_naming_the_precision(tmp_path):
     assert torch.tensor(1e-8, dtype=torch.float16).item() == 0.0  # Adam's eps, in float16
     args = ["fit", *TINY, "--trainer.precision=16-true", *store_options(tmp_path)]

@@ -40,11 +40,6 @@ TINY = [
 UNTRACKED = ["--trainer.logger=false"]
 LM_TINY = ["--data.init_args.max_vocab_size=300", "--data.init_args.context_length=8"]
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*does not have many workers:UserWarning",
-    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
-)
-
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
@@ -109,6 +104,7 @@ def check_latest_state(trainer: L.Trainer, probe: LastCheckpointProbe, epochs: i
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.slow
 def test_last_checkpoint_is_the_latest_epoch_in_every_config(config):
     probe = LastCheckpointProbe()
     args = ["fit", "--config", str(config), "--trainer.max_epochs=2", *TINY, *UNTRACKED]
@@ -117,6 +113,7 @@ def test_last_checkpoint_is_the_latest_epoch_in_every_config(config):
 
 
 @pytest.mark.parametrize("config", LM_CONFIGS, ids=[p.stem for p in LM_CONFIGS])
+@pytest.mark.slow
 def test_last_checkpoint_is_the_latest_epoch_in_every_lm_config(config):
     probe = LastCheckpointProbe()
     args = ["fit", "--config", str(config), "--trainer.max_epochs=2", *TINY, *LM_TINY, *UNTRACKED]
@@ -153,6 +150,7 @@ def worst(tmp_path_factory) -> Iterator[Worst]:
             os.environ["MLFLOW_TRACKING_URI"] = uri
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_not_the_best_one(worst):
     best = load(Path(worst.trainer.checkpoint_callback.best_model_path))
     assert best["epoch"] != 2
@@ -160,6 +158,7 @@ def test_last_checkpoint_is_not_the_best_one(worst):
     assert last_checkpoint(worst.folder) == last_of(worst.trainer)  # the README's path
 
 
+@pytest.mark.slow
 def test_mlflow_run_keeps_the_best_checkpoint(worst):
     from mlflow.tracking import MlflowClient
 
@@ -210,6 +209,7 @@ def wait_for_epoch(process: subprocess.Popen, folder: Path, epoch: int) -> float
     return time.monotonic()
 
 
+@pytest.mark.slow
 def test_fit_killed_mid_epoch_resumes_bit_identical(tmp_path):
     killed_folder = tmp_path / "killed"
     killed = start_fit(killed_folder)

@@ -26,6 +26,7 @@ def runs_in(uri: str) -> list:
     return client.search_runs(experiments) if experiments else []
 
 
+@pytest.mark.slow
 def test_test_with_a_missing_checkpoint_is_one_line_and_creates_no_run(tmp_path):
     missing = tmp_path / "mlflow_runs" / "1" / "abc" / "checkpoints" / "last.ckpt"
     uri = f"sqlite:///{tmp_path / 'store.db'}"
@@ -52,6 +53,7 @@ def test_test_with_a_missing_checkpoint_is_one_line_and_creates_no_run(tmp_path)
 
 
 @pytest.mark.parametrize("command", ["fit", "validate", "predict"])
+@pytest.mark.slow
 def test_other_commands_refuse_a_missing_checkpoint_before_any_run(command, tmp_path, capsys):
     missing = tmp_path / "missing.ckpt"
     uri = f"sqlite:///{tmp_path / 'store.db'}"

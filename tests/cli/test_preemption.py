@@ -65,13 +65,7 @@ TINY = [
     "--model.hidden=[16]",
 ]
 
-pytestmark = [
-    pytest.mark.usefixtures("isolated_tracking"),
-    pytest.mark.filterwarnings(
-        "ignore:.*does not have many workers:UserWarning",
-        "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("isolated_tracking")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -149,6 +143,7 @@ def assert_stopped_mid_epoch(checkpoint: Path) -> int:
 # --- real processes -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_mid_epoch_ends_killed_and_resumes_exactly(tmp_path, monkeypatch):
     fit = [*FIT, "--trainer.max_epochs=2"]
     killed = tmp_path / "killed"
@@ -198,6 +193,7 @@ def test_sigterm_checkpoints_mid_epoch_ends_killed_and_resumes_exactly(tmp_path,
         assert torch.equal(final["state_dict"][key], value), key
 
 
+@pytest.mark.slow
 def test_ddp_signal_to_every_process_gives_one_checkpoint_and_one_killed_run(tmp_path):
     folder = tmp_path / "ddp"
     ddp = [*DDP_ARGS, "--trainer.max_epochs=1"]
@@ -249,6 +245,7 @@ class SignalAtStep(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.slow
 def test_sigusr1_stops_as_sigterm_does(tmp_path, capsys):
     # Before the fit nothing handles SIGUSR1 (its default ends the process); Preemption does.
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
@@ -270,6 +267,7 @@ def test_sigusr1_stops_as_sigterm_does(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("when", ["validation", "last batch"])
+@pytest.mark.slow
 def test_signal_at_the_epoch_end_stops_after_it(tmp_path, capsys, when):
     if when == "validation":
         sender: Signal | SignalAtStep = Signal(signal.SIGTERM, sanity=False)

@@ -8,6 +8,7 @@ brings them back.
 
 from __future__ import annotations
 
+import ast
 import io
 import logging
 import os
@@ -18,7 +19,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers.paths import SCRIPT
+from helpers.paths import ROOT, SCRIPT
 from jsonargparse import Namespace
 from mlflow.tracking import MlflowClient
 
@@ -81,6 +82,7 @@ def fitted(tmp_path_factory):
     return folder, uri, checkpoint, done
 
 
+@pytest.mark.slow
 def test_fit_prints_only_its_own_summary_lines(fitted):
     _, _, _, done = fitted
     assert_no_chatter(done.stdout + done.stderr)
@@ -90,6 +92,7 @@ def test_fit_prints_only_its_own_summary_lines(fitted):
     assert lines[0].startswith("lightning-losses fit: criterion ")
 
 
+@pytest.mark.slow
 def test_test_prints_one_line_with_the_metrics_it_logged(fitted):
     folder, uri, checkpoint, _ = fitted
     done = run(["test", "--ckpt_path", str(checkpoint), *TINY[3:]], folder)
@@ -109,6 +112,7 @@ def test_test_prints_one_line_with_the_metrics_it_logged(fitted):
     assert run_.data.params.get("verbose") in (None, "True")
 
 
+@pytest.mark.slow
 def test_verbose_brings_lightning_output_back(fitted):
     folder, _, checkpoint, _ = fitted
     done = run(["test", "--ckpt_path", str(checkpoint), "--verbose", *TINY[3:]], folder)
@@ -133,6 +137,7 @@ def test_command_output_puts_levels_and_variables_back(monkeypatch):
     assert "MLFLOW_LOGGING_LEVEL" not in os.environ
 
 
+@pytest.mark.slow
 def test_reproduce_prints_progress_lines_only(tmp_path):
     out = tmp_path / "report"
     done = run(
@@ -163,7 +168,7 @@ def test_reproduce_prints_progress_lines_only(tmp_path):
 
 def test_the_package_warnings_stay_and_the_libraries_go():
     sources = ("lightning_losses.callbacks.adafocal", "lightning.pytorch.loops", "mlflow.store")
-    with pytest.warns(UserWarning) as record, command_output(False):
+    with pytest.warns((UserWarning, DeprecationWarning)) as record, command_output(False):
         for module in sources:
             warnings.warn_explicit(f"from {module}", UserWarning, "x.py", 1, module=module)
         for module in ("lightning_losses.losses", "torch.utils"):
@@ -172,6 +177,33 @@ def test_the_package_warnings_stay_and_the_libraries_go():
         "from lightning_losses.callbacks.adafocal",
         "old lightning_losses.losses",
     ]
+
+
+def test_every_warning_of_the_package_has_the_package_category():
+    """Each ``warnings.warn`` / ``rank_zero_warn`` call of the source names the category.
+
+    One category (:mod:`lightning_losses.warning`) is what pytest turns into errors and what a
+    user filters; a call without it would be a plain ``UserWarning``. Read with ``ast``.
+    """
+    ours = {"LightningLossesWarning", "LightningLossesRuntimeWarning"}
+    # The callbacks in their top-level folder (lightning_losses/callbacks links to it; glob does
+    # not follow the link).
+    files = sorted(ROOT.glob("lightning_losses/**/*.py")) + sorted(ROOT.glob("callbacks/*.py"))
+    calls, missing = 0, []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func)
+            if name not in ("warnings.warn", "rank_zero_warn"):
+                continue
+            calls += 1
+            given = [ast.unparse(node.args[1])] if len(node.args) > 1 else []
+            given += [ast.unparse(k.value) for k in node.keywords if k.arg == "category"]
+            if not set(given) & ours:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls >= 10  # the source was read
+    assert missing == []
 
 
 def test_verbose_flag_is_taken_out_of_the_arguments(monkeypatch):

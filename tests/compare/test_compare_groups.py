@@ -444,6 +444,7 @@ def test_narrow_table_is_cut_to_fit(store, width, fitted, shown):
     assert "CrossEntropyLoss" in wide and "to fit" not in wide
 
 
+@pytest.mark.slow
 def test_console_script_end_to_end(store, tmp_path):
     """The installed ``lightning-losses compare`` on the store, as a user runs it."""
     command = [str(SCRIPT), "compare", "--experiment", EXPERIMENT, "--tracking-uri", store["uri"]]

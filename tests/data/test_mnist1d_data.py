@@ -338,6 +338,7 @@ def test_cache_dir_must_be_a_path() -> None:
         MNIST1DDataModule(num_samples=SMALL, cache_dir=3)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_the_module_can_be_imported_before_the_data_package() -> None:
     # lightning_losses.data re-exports the class of lightning_losses.data.mnist1d, which imports
     # lightning_losses.data.base: importing the submodule first, in a fresh interpreter, must

@@ -218,6 +218,7 @@ def assert_matches_reference(record: dict[str, object], tolerance: float) -> Non
         assert torch.allclose(got, want, rtol=tolerance, atol=tolerance), name
 
 
+@pytest.mark.slow
 def test_chunked_head_under_fsdp2_equals_the_unsharded_model(tmp_path: Path) -> None:
     record = run_fit("fsdp2", tmp_path)
     # float32 against float64: a few units of float32 rounding.
@@ -236,6 +237,7 @@ def test_lightning_refuses_fsdp1_on_cpu() -> None:
     reason="FSDP needs a GPU: Lightning's FSDPStrategy refuses accelerator='cpu', and sharding "
     "needs 2 GPUs (one process holds the whole model)",
 )
+@pytest.mark.slow
 def test_chunked_head_under_fsdp1_equals_the_unsharded_model(tmp_path: Path) -> None:
     record = run_fit("fsdp1", tmp_path)
     assert_matches_reference(record, tolerance=1e-4)  # GPU kernels: float32, other order

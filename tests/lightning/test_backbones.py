@@ -281,6 +281,7 @@ def test_foreign_backbone_is_left_out_and_given_back_at_load(tmp_path):
 # --- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_backbone_by_class_path_fits_and_checkpoints(tmp_path):
     cli = main(["fit", "--model.backbone=lightning_losses.lightning.backbones.CNN1D", *QUICK])
     model = cli.model

@@ -110,12 +110,14 @@ def ddp_run(tmp_path_factory):
     return client, runs, model
 
 
+@pytest.mark.slow
 def test_ddp_fit_and_test_log_one_run(ddp_run):
     _, runs, _ = ddp_run
     assert len(runs) == 1
 
 
 @pytest.mark.parametrize("stage, split", [("val", "val"), ("test", "test")])
+@pytest.mark.slow
 def test_every_ddp_metric_equals_the_single_process_value(ddp_run, stage, split):
     client, [run], model = ddp_run
     logged = last_values(client, run, f"{stage}/")
@@ -127,6 +129,7 @@ def test_every_ddp_metric_equals_the_single_process_value(ddp_run, stage, split)
         assert value == pytest.approx(expected[name], abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_ddp_split_curves_equal_the_single_process_test_metrics(ddp_run):
     client, [run], model = ddp_run
     logged = last_values(client, run, "curve/")
@@ -136,6 +139,7 @@ def test_ddp_split_curves_equal_the_single_process_test_metrics(ddp_run):
         assert logged[f"curve/test_{name}"] == pytest.approx(reference[name], abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_ddp_temperature_equals_the_single_process_fit(ddp_run):
     client, [run], model = ddp_run
     logits, target = split_logits(model, "val")

@@ -130,6 +130,9 @@ def test_gamma_annealing_follows_its_closed_form(tmp_path):
         assert gamma == pytest.approx(step / total, abs=1e-12)
 
 
+# Lightning's note that the resumed trainer lacks the checkpoint's callbacks: on purpose (the
+# Preemption / ModelCheckpoint that wrote it is not needed to resume).
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create")
 @pytest.mark.parametrize(
     ("preemption", "checkpoint_name", "done"),
     [

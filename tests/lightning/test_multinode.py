@@ -107,6 +107,7 @@ def multinode(tmp_path_factory):
     return folder, client, experiment, runs
 
 
+@pytest.mark.slow
 def test_multinode_fit_logs_one_finished_run(multinode):
     _, _, _, runs = multinode
     assert len(runs) == 1
@@ -118,6 +119,7 @@ def run_folder(multinode) -> Path:
     return folder / "node0" / "mlflow_runs" / experiment.experiment_id / run.info.run_id
 
 
+@pytest.mark.slow
 def test_multinode_val_metrics_equal_one_process_over_the_whole_split(multinode):
     _, client, _, [run] = multinode
     checkpoint = run_folder(multinode) / "checkpoints" / "last.ckpt"
@@ -129,6 +131,7 @@ def test_multinode_val_metrics_equal_one_process_over_the_whole_split(multinode)
         assert value == pytest.approx(expected[name], abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_multinode_files_are_node0s_and_node1_writes_nothing(multinode):
     folder, client, _, [run] = multinode
     files = run_folder(multinode)
@@ -186,6 +189,7 @@ def test_a_logger_off_global_rank_zero_creates_no_store(name, tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_logger_built_off_rank_zero_opens_the_store_if_used_on_rank_zero(
     multinode, tmp_path, monkeypatch
 ):

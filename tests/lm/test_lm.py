@@ -194,6 +194,7 @@ def test_tiny_fit_with_gamma_annealing_logs_perplexity_and_ece(datamodule, tmp_p
 
 
 @pytest.mark.parametrize("name", ["lm_ce", "lm_gamma_ce_annealed"])
+@pytest.mark.slow
 def test_configs_parse(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = main(["--config", str(CONFIGS / f"{name}.yaml")], run=False)
@@ -204,6 +205,7 @@ def test_configs_parse(name, tmp_path, monkeypatch):
         assert any(isinstance(c, GammaAnnealing) for c in cli.trainer.callbacks)
 
 
+@pytest.mark.slow
 def test_config_fit_is_tracked_in_mlflow(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 

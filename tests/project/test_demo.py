@@ -6,7 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from helpers.paths import ROOT
+
+pytestmark = pytest.mark.slow
 
 LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+) +\.\.\. \d+\.\d s, ETA \d+ s$")
 

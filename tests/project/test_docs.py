@@ -47,6 +47,7 @@ def test_pages_exist() -> None:
     mkdocs_executable() is None,
     reason="mkdocs is not installed (it comes with the dev extra: pip install -e '.[dev]')",
 )
+@pytest.mark.slow
 def test_site_builds_strict(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     command = [mkdocs_executable(), "build", "--strict", "--site-dir", str(tmp_path / "site")]

@@ -12,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lightning_losses
+
+pytestmark = pytest.mark.slow
 
 PACKAGE_DIR = Path(lightning_losses.__file__).parent
 

@@ -10,7 +10,9 @@ raises, and to build what a direct construction builds.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import json
 import math
 import os
 import re
@@ -23,8 +25,28 @@ import pytest
 import torch
 
 from lightning_losses import AdaFocalLoss, EXACTLoss, FocalLoss, LinearTargetLoss, NormFaceHead
-from lightning_losses.callbacks import AdaFocalUpdate, LinearSchedule, LossScheduler
+from lightning_losses.calibration import (
+    AURC,
+    CalibrationError,
+    CalibrationErrorInterval,
+    SmoothCalibrationError,
+    calibration_error_interval,
+)
+from lightning_losses.calibration import bootstrap as BS
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration import smooth as SM
+from lightning_losses.calibration.aurc import aurc_histogram_edges
+from lightning_losses.callbacks import (
+    AdaFocalUpdate,
+    CalibrationMonitor,
+    LinearSchedule,
+    LossScheduler,
+    LossSwitch,
+    SplitCurves,
+)
 from lightning_losses.callbacks.outputs import OutputAdapter, describe_output
+from lightning_losses.compare.decide import decide, t_interval
+from lightning_losses.compare.table import format_table
 from lightning_losses.data.digits import (
     DigitsDataModule,
     LongTailedDigitsDataModule,
@@ -43,7 +65,9 @@ from lightning_losses.functional.checks import (
     check_real,
 )
 from lightning_losses.lightning import CNN1D, MLP, ClassifierModule, build_criterion
+from lightning_losses.lm.data import split_topics
 from lightning_losses.lm.model import TinyLanguageModel
+from lightning_losses.reproduce.spec import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = "lightning_losses/functional/checks.py"
@@ -77,7 +101,9 @@ ALLOWED: dict[str, set[str]] = {
     },
     "lightning_losses/functional/linear.py": {
         "_check_class_weight",
+        "_check_head_shapes",
         "_check_inputs",
+        "_check_target",
         "check_chunk_size",
     },
     "lightning_losses/functional/multilabel.py": {"check_nm"},
@@ -112,6 +138,7 @@ ALLOWED: dict[str, set[str]] = {
     # arrays, the calibrators' logits, the bootstrap's sample positions, the calibration
     # functions' inputs by task and format, runs paired by seed, values to compare.
     "callbacks/calibration.py": {"_check_probabilities", "_check_targets"},
+    "lightning_losses/calibration/bootstrap.py": {"_checked_index"},
     "lightning_losses/calibration/diagram.py": {"_check_bins"},
     "lightning_losses/calibration/scaling.py": {
         "_check_inputs",
@@ -128,28 +155,21 @@ ALLOWED: dict[str, set[str]] = {
     "lightning_losses/compare/decide.py": {"_check_values"},
 }
 
-#: Argument checks that duplicate the checks module's concepts but sit in modules other
-#: helpers of issue #28 are editing at the same time; their messages are asserted by tests in
-#: other words (e.g. "n_bins must be at least 1", "grid_size must be an int >= 2"). To fold
-#: into check_int / check_fraction / check_range once those files are free.
-PENDING: dict[str, set[str]] = {
-    "lightning_losses/calibration/aurc.py": {"_check_histogram_bins"},
+#: Argument checks that duplicate the checks module's concepts, waiting to be folded into it:
+#: none are left (the calibration, compare, reproduce, lm and callback checks call it).
+PENDING: dict[str, set[str]] = {}
+
+#: Names that modules bind to a check of the checks module with the argument's name (and range)
+#: fixed, ``check_<argument> = partial(<check>, "<argument>", ...)``, for their many callers.
+BINDINGS = {
+    "lightning_losses/calibration/functional.py": {"check_n_bins"},
     "lightning_losses/calibration/bootstrap.py": {
-        "_check_count",
-        "_checked_index",
         "check_level",
         "check_n_bootstrap",
         "check_n_groups",
         "check_seed",
     },
-    "lightning_losses/calibration/functional.py": {"check_n_bins"},
-    "lightning_losses/calibration/smooth.py": {
-        "_check_bandwidth",
-        "_check_grid_size",
-        "check_bandwidth",
-        "check_grid_size",
-    },
-    "lightning_losses/compare/decide.py": {"_check_level"},
+    "lightning_losses/calibration/smooth.py": {"check_bandwidth"},
 }
 
 
@@ -212,6 +232,54 @@ def test_argument_checks_are_defined_only_in_the_checks_module():
     assert extra == {}, f"use (or extend) lightning_losses.functional.checks: {extra}"
 
 
+def _imported_from_checks(tree: ast.Module) -> set[str]:
+    return {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "lightning_losses.functional.checks"
+        for alias in node.names
+    }
+
+
+def _binds_a_check(name: str, value: ast.expr, checks: set[str]) -> bool:
+    """Whether ``value`` is ``partial(<check>, "<argument>", ...)``, named ``check_<argument>``."""
+    if not isinstance(value, ast.Call) or len(value.args) < 2:
+        return False
+    function, check, argument = value.func, value.args[0], value.args[1]
+    named_partial = (isinstance(function, ast.Name) and function.id == "partial") or (
+        isinstance(function, ast.Attribute) and function.attr == "partial"
+    )
+    return (
+        named_partial
+        and isinstance(check, ast.Name)
+        and check.id in checks
+        and isinstance(argument, ast.Constant)
+        and name == f"check_{argument.value}"
+    )
+
+
+def test_check_names_bound_outside_the_checks_module_are_its_checks():
+    bound: dict[str, set[str]] = {}
+    for path, tree in _sources():
+        if path == CHECKS:
+            continue
+        checks = _imported_from_checks(tree)
+        for node in tree.body:  # module-level names
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            for target in targets:
+                if isinstance(target, ast.Name) and CHECK_NAME.match(target.id):
+                    ok = _binds_a_check(target.id, value, checks)
+                    bound.setdefault(path, set()).add(target.id if ok else f"{target.id} (own)")
+    assert bound == BINDINGS
+    assert isinstance(BS.check_level, functools.partial)
+    assert (BS.check_level.func, BS.check_level.args) == (check_fraction, ("level",))
+
+
 # --- the concepts, against rules written out here -------------------------------------------
 
 
@@ -270,6 +338,46 @@ def test_check_real(value, expected):
     else:
         with pytest.raises(ValueError, match=f"^v must be a finite real number; got {value!r}$"):
             check_real("v", value)
+
+
+@pytest.mark.parametrize(
+    ("value", "optional", "accepted"),
+    [
+        (0.5, False, True),
+        (0.001, False, True),  # the bound itself (closed)
+        (3, False, True),
+        (np.float32(0.25), True, True),
+        (0.0009, False, False),
+        (-1.0, True, False),
+        (math.inf, False, False),  # [0.001, inf) excludes inf
+        (math.nan, True, False),
+        (None, True, True),
+        (None, False, False),
+        ("0.1", True, False),
+        (True, True, False),
+    ],
+)
+def test_check_real_with_a_bound(value, optional, accepted):
+    if accepted:
+        result = check_real("b", value, low=0.001, optional=optional)
+        assert result == (None if value is None else float(value))
+        assert result is None or type(result) is float
+        return
+    with pytest.raises((TypeError, ValueError)) as error:
+        check_real("b", value, low=0.001, optional=optional)
+    is_real = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+    assert isinstance(error.value, ArgumentTypeError) == (not is_real)
+    either = "be None or " if optional else ""
+    assert str(error.value) == f"b must {either}lie in [0.001, inf); got {value!r}"
+
+
+def test_check_fraction_returns_a_float_and_quotes_an_example():
+    value = check_fraction("level", np.float32(0.5))
+    assert (value, type(value)) == (0.5, float)
+    with pytest.raises(ValueError, match=r"^level must lie in \(0, 1\), e\.g\. 0\.95; got 1$"):
+        check_fraction("level", 1, example="0.95")
+    with pytest.raises(TypeError, match=r"^level must lie in \(0, 1\), e\.g\. 0\.95; got '0\.5'$"):
+        check_fraction("level", "0.5", example="0.95")
 
 
 def test_a_type_error_is_both_kinds():
@@ -369,6 +477,106 @@ ONE_HOME: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
         lambda: AdaFocalUpdate(diagram_every_n_epochs=-1),
         lambda: check_int("diagram_every_n_epochs", -1, low=0),
     ),
+    (
+        "calibration n_bins",
+        lambda: CF.calibration_error(torch.tensor([0.5]), torch.tensor([1]), n_bins=0),
+        lambda: check_int("n_bins", 0, low=1),
+    ),
+    (
+        "CalibrationError n_bins",
+        lambda: CalibrationError(n_bins=2.0),
+        lambda: check_int("n_bins", 2.0, low=1),
+    ),
+    (
+        "AURC histogram_bins",
+        lambda: AURC(histogram_bins=1),
+        lambda: check_int("histogram_bins", 1, low=2),
+    ),
+    (
+        "AURC edges",
+        lambda: aurc_histogram_edges(2.5),
+        lambda: check_int("histogram_bins", 2.5, low=2),
+    ),
+    (
+        "interval level",
+        lambda: calibration_error_interval(torch.tensor([0.8]), torch.tensor([1]), level=1.0),
+        lambda: check_fraction("level", 1.0, example="0.95"),
+    ),
+    (
+        "CalibrationMonitor level",
+        lambda: CalibrationMonitor(intervals=True, level="0.95"),
+        lambda: check_fraction("level", "0.95", example="0.95"),
+    ),
+    (
+        "interval n_bootstrap",
+        lambda: CalibrationErrorInterval(n_bootstrap=1),
+        lambda: check_int("n_bootstrap", 1, low=2),
+    ),
+    (
+        "interval n_groups",
+        lambda: CalibrationErrorInterval(n_groups=2**31 + 1),
+        lambda: check_int("n_groups", 2**31 + 1, low=2, high=2**31),
+    ),
+    (
+        "interval seed",
+        lambda: CalibrationErrorInterval(seed=2**63),
+        lambda: check_int("seed", 2**63, low=0, high=2**63 - 1),
+    ),
+    (
+        "smooth bandwidth",
+        lambda: SM.smooth_calibration_error(torch.tensor([0.5]), torch.tensor([1]), bandwidth=0.0),
+        lambda: check_real("bandwidth", 0.0, low=SM.MIN_BANDWIDTH, optional=True),
+    ),
+    (
+        "SmoothCalibrationError bandwidth",
+        lambda: SmoothCalibrationError(bandwidth="0.1"),
+        lambda: check_real("bandwidth", "0.1", low=SM.MIN_BANDWIDTH, optional=True),
+    ),
+    (
+        "smooth grid_size",
+        lambda: SM.smooth_grid_statistics(torch.tensor([0.5]), torch.tensor([1.0]), grid_size=1),
+        lambda: check_int("grid_size", 1, low=2),
+    ),
+    (
+        "decide level",
+        lambda: decide([1.0, 2.0], margin=0.0, level=1.5),
+        lambda: check_fraction("level", 1.5, example="0.95"),
+    ),
+    (
+        "t_interval level",
+        lambda: t_interval([1.0, 2.0], level=True),
+        lambda: check_fraction("level", True, example="0.95"),
+    ),
+    (
+        "table width",
+        lambda: format_table([], width=0),
+        lambda: check_int("width", 0, low=1, optional=True),
+    ),
+    (
+        "LM val_fraction",
+        lambda: split_topics(["a", "b"], 1.0, seed=0),
+        lambda: check_fraction("val_fraction", 1.0),
+    ),
+    (
+        "SplitCurves split",
+        lambda: SplitCurves("holdout"),
+        lambda: check_choice("split", "holdout", ("train", "val", "test")),
+    ),
+    (
+        "SplitCurves every_n_epochs",
+        lambda: SplitCurves(every_n_epochs=0),
+        lambda: check_int("every_n_epochs", 0, low=1),
+    ),
+    (
+        "SplitCurves n_bins",
+        lambda: SplitCurves(n_bins=2.5),
+        lambda: check_int("n_bins", 2.5, low=1),
+    ),
+    (
+        "LossSwitch milestones",
+        lambda: LossSwitch(["ce", "focal", "ce"], milestones=[1, -2]),
+        lambda: check_int("milestones[1]", -2, low=0),
+    ),
 ]
 
 
@@ -380,6 +588,18 @@ def test_modules_raise_what_the_checks_module_raises(case, call, reference):
         call()
     assert type(got.value) is type(expected.value)
     assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("value", [0, "2", True, 1.5])
+def test_experiment_min_seeds_raises_what_the_checks_module_raises(tmp_path, value):
+    path = tmp_path / "claim.yaml"
+    path.write_text(f"min_seeds: {json.dumps(value)}\nvariants:\n  - {{name: a, config: c.yaml}}\n")
+    with pytest.raises((TypeError, ValueError)) as expected:
+        check_int("min_seeds", value, low=1)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: min_seeds must be ") as got:
+        load_experiment(path)
+    assert type(got.value) is ValueError  # the experiment file's error, whatever the kind
+    assert str(got.value) == f"{path}: {expected.value}"
 
 
 # --- class_path objects: built by jsonargparse and Lightning ----------------------------------

@@ -38,6 +38,7 @@ def built(tmp_path_factory) -> tuple[Path, str]:
     return wheel, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_subpackage_and_builds_without_warnings(built):
     """A wheel (what a user installs) holds every subpackage, and building it warns nothing."""
     wheel, output = built
@@ -62,6 +63,7 @@ def test_the_wheel_holds_every_subpackage_and_builds_without_warnings(built):
     }  # nothing else (tests, scripts, docs) at the top level
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_every_config_of_the_top_level_folder(built):
     wheel, _ = built
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -71,6 +73,7 @@ def test_the_wheel_ships_every_config_of_the_top_level_folder(built):
         assert f"lightning_losses/{path.as_posix()}" in names, path
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_runs_a_shipped_config_by_name(built, tmp_path):
     """Install the wheel in a fresh venv; ``fit --config digits_focal`` from an empty folder."""
     wheel, _ = built

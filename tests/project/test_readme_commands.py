@@ -137,6 +137,7 @@ def _serve(line: str, cwd: Path, env: dict[str, str]) -> str:
     not (VENV / "bin" / "lightning-losses").exists(),
     reason="no .venv with lightning-losses in the repository (`make venv` builds it)",
 )
+@pytest.mark.slow
 def test_readme_command_lines_run_as_written(tmp_path: Path) -> None:
     port_taken = _port_open(MLFLOW_PORT)  # before anything of ours could hold it
     copy_repository(tmp_path)
@@ -169,6 +170,7 @@ def test_readme_command_lines_run_as_written(tmp_path: Path) -> None:
     assert f"127.0.0.1:{MLFLOW_PORT}" in output  # it served on its default port, as written
 
 
+@pytest.mark.slow
 def test_demo_hints_run_as_printed(tmp_path: Path) -> None:
     """The demo's closing lines name commands a shell without ``.venv/bin`` on PATH can run."""
     code = "import sys; sys.path.insert(0, sys.argv[1]); import demo; demo.print_table([], 1)"

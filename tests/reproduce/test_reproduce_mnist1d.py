@@ -331,6 +331,7 @@ def shrunk(name: str, config: str, folder: Path) -> Variant:
     return Variant(name, str(copy), overrides, epochs=3, label=name)
 
 
+@pytest.mark.slow
 def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 

@@ -55,6 +55,7 @@ def clone_of_the_working_tree(target: Path) -> Path:
     shutil.which("git") is None or not (ROOT / ".git").exists(),
     reason="needs git and a git checkout of the repository",
 )
+@pytest.mark.slow
 def test_the_quick_look_leaves_the_committed_report_alone(tmp_path):
     words = quick_look()
     assert words[:2] == ["lightning-losses", "reproduce"]

@@ -66,6 +66,7 @@ class StoredAtEpochStart(Callback):
         self.seen.append(sorted(m.step for m in history))
 
 
+@pytest.mark.slow
 def test_a_fit_writes_each_metric_step_once_and_leaves_nothing_queued(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     L.seed_everything(0)
@@ -94,6 +95,7 @@ def test_a_fit_writes_each_metric_step_once_and_leaves_nothing_queued(tmp_path):
     assert stored.seen == [[], sorted(expected["val/ece"])[:1]]
 
 
+@pytest.mark.slow
 def test_finalize_sends_everything_queued(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracking = TrackingLogger(tracking_uri=uri, save_dir=str(tmp_path / "runs"))
@@ -149,6 +151,7 @@ print("exit run", left.run_id)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_and_exit_lose_nothing(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

@@ -24,6 +24,8 @@ from helpers.console import console_env
 from helpers.paths import CONFIGS, SCRIPT
 from helpers.server import Server
 
+pytestmark = pytest.mark.slow
+
 TINY = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=2",

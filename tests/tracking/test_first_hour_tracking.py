@@ -61,11 +61,6 @@ TINY = [
     "--trainer.enable_model_summary=false",
 ]
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*does not have many workers:UserWarning",
-    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
-)
-
 
 def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -121,6 +116,7 @@ def client_of(fit: Fit):
 # --- 1. an added per-epoch ModelCheckpoint --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_own_per_epoch_checkpoint_beside_a_shipped_config(fit):
     folder = Path(fit.trainer.checkpoint_callback.dirpath)
     assert folder.parent.name == fit.trainer.logger.run_id  # the run folder's checkpoints/
@@ -128,6 +124,7 @@ def test_own_per_epoch_checkpoint_beside_a_shipped_config(fit):
     assert fit.trainer.checkpoint_callback.monitor == "val/nll"  # the config's best comes first
 
 
+@pytest.mark.slow
 def test_own_per_epoch_checkpoint_under_ddp(tmp_path):
     config = CONFIGS / "digits_ce.yaml"
     done = run_console(
@@ -148,6 +145,7 @@ def test_own_per_epoch_checkpoint_under_ddp(tmp_path):
 # --- 2. each checkpoint stored once -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_each_checkpoint_is_stored_once(fit):
     run_id = fit.trainer.logger.run_id
     run_folder = Path(fit.trainer.checkpoint_callback.dirpath)
@@ -176,6 +174,7 @@ def test_each_checkpoint_is_stored_once(fit):
 # --- 4. constants are params, scheduled values are metrics ------------------------------------
 
 
+@pytest.mark.slow
 def test_only_the_annealed_gamma_is_a_metric(fit):
     client, run_id = client_of(fit), fit.trainer.logger.run_id
     run = client.get_run(run_id)
@@ -270,6 +269,7 @@ def test_plain_module_logs_what_a_loss_switch_changes(tmp_path):
     assert history["criterion/gamma"] == {0: 0.0, 1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0}
 
 
+@pytest.mark.slow
 def test_a_file_system_without_hard_links_gets_a_copy(tmp_path, monkeypatch):
     from lightning_losses.tracking import TrackingLogger
 
@@ -291,6 +291,7 @@ def test_a_file_system_without_hard_links_gets_a_copy(tmp_path, monkeypatch):
 # --- 9. the closing summary -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_closing_summary_gives_the_final_values_diagram_and_files(fit):
     from lightning_losses.tracking import metric_history
 

@@ -217,6 +217,7 @@ def test_redacted_forms_compare_and_strip():
 # --- the reachability check -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reachability_check_with_user_info_reaches_the_server(mlflow_server, proxy):
     check_reachable(f"http://alice:{PASSWORD}@127.0.0.1:{mlflow_server.port}", timeout=5)
     check_reachable(proxy.uri(f"alice:{PASSWORD}@"), timeout=5)  # the proxy checks the header
@@ -230,6 +231,7 @@ def test_reachability_check_with_user_info_reaches_the_server(mlflow_server, pro
     assert f"alice:***@127.0.0.1:{port}" in str(unreachable.value)
 
 
+@pytest.mark.slow
 def test_mlflow_credential_variables_serve_the_check_and_the_resume(proxy, monkeypatch):
     stored = proxy.uri("alice:***@")  # as a checkpoint records it
     with pytest.raises(ConnectionError, match="refused the credentials"):
@@ -247,6 +249,7 @@ def test_mlflow_credential_variables_serve_the_check_and_the_resume(proxy, monke
 
 
 @pytest.mark.parametrize("wrong", ["unreachable", "refused"])
+@pytest.mark.slow
 def test_a_server_that_stops_the_fit_is_one_line_without_the_password(proxy, wrong, capfd):
     port = free_port() if wrong == "unreachable" else proxy.port
     secret = PASSWORD if wrong == "unreachable" else "Wr0ngPw"
@@ -262,8 +265,9 @@ def test_a_server_that_stops_the_fit_is_one_line_without_the_password(proxy, wro
 # --- fits: nothing written holds the password; a resume takes it again -------------------------
 
 
+@pytest.mark.slow
 def test_password_in_the_option_is_written_nowhere_and_resume_continues(
-    server, proxy, tmp_path, monkeypatch, capfd
+    mlflow_server, proxy, tmp_path, monkeypatch, capfd
 ):
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")  # MLflow's own print
     uri = proxy.uri(f"alice:{PASSWORD}@")
@@ -296,11 +300,12 @@ def test_password_in_the_option_is_written_nowhere_and_resume_continues(
     out = capfd.readouterr()
     assert PASSWORD not in out.out + out.err
     assert f"in {redacted}" in out.out and f"to see it: open {proxy.uri()}" in out.out
-    assert files_holding(PASSWORD, tmp_path, server.root) == []
+    assert files_holding(PASSWORD, tmp_path, mlflow_server.root) == []
 
 
+@pytest.mark.slow
 def test_password_in_the_environment_is_written_nowhere_and_a_resume_asks_for_it(
-    server, proxy, tmp_path, monkeypatch, capfd
+    mlflow_server, proxy, tmp_path, monkeypatch, capfd
 ):
     monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
     uri = proxy.uri(f"alice:{PASSWORD}@")
@@ -329,9 +334,10 @@ def test_password_in_the_environment_is_written_nowhere_and_a_resume_asks_for_it
 
     out = capfd.readouterr()
     assert PASSWORD not in out.out + out.err
-    assert files_holding(PASSWORD, tmp_path, server.root) == []
+    assert files_holding(PASSWORD, tmp_path, mlflow_server.root) == []
 
 
+@pytest.mark.slow
 def test_a_redacted_database_uri_that_does_not_answer_stops_with_one_line(capfd):
     stored = f"postgresql+psycopg2://mlflow:***@127.0.0.1:{free_port()}/mlflow?password=***"
     with pytest.raises(SystemExit) as stopped:

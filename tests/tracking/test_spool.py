@@ -57,6 +57,7 @@ def sync_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_damaged_spool_replays_every_valid_record_and_keeps_the_bad_lines(store, tmp_path):
     uri, client, run_id = store
     tags = {"kind": "tags", "tags": {"note": "kept"}, "timestamp": T0 + 3}
@@ -87,6 +88,7 @@ def test_damaged_spool_replays_every_valid_record_and_keeps_the_bad_lines(store,
     assert history(client, run_id) == [(0, 0.5), (1, 0.25)]
 
 
+@pytest.mark.slow
 def test_sync_of_a_folder_without_a_spool_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     done = sync_script(str(tmp_path / "empty"))
@@ -94,6 +96,7 @@ def test_sync_of_a_folder_without_a_spool_says_so(tmp_path):
     assert f"no tracking spool ({SPOOL_NAME}) under {tmp_path / 'empty'}" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_replay_run_twice_writes_nothing_twice(store, tmp_path):
     uri, client, run_id = store
     spool = tmp_path / SPOOL_NAME
@@ -106,6 +109,7 @@ def test_a_replay_run_twice_writes_nothing_twice(store, tmp_path):
     assert history(client, run_id) == [(0, 0.0), (1, 0.1), (2, 0.2)]
 
 
+@pytest.mark.slow
 def test_a_replay_skips_what_a_resume_superseded(store, tmp_path):
     uri, client, run_id = store
     resume = Resume(step=2, time_ms=T0 + 100, previous_status="KILLED")
@@ -137,6 +141,7 @@ def test_a_record_after_a_cut_line_starts_a_line_of_its_own(tmp_path):
     assert spool.read_bytes().endswith(b"\n")
 
 
+@pytest.mark.slow
 def test_resuming_logger_marks_a_running_run_killed_and_cuts_its_spool(store, tmp_path):
     uri, client, run_id = store  # RUNNING: its process died without ending it
     experiment_id = client.get_run(run_id).info.experiment_id

@@ -107,6 +107,7 @@ def history(client: MlflowClient, run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, "a"))
 
 
+@pytest.mark.slow
 def test_crafted_lines_are_refused_by_number_kept_and_the_others_replayed(
     run, tmp_path, recorder, capsys
 ):
@@ -160,6 +161,7 @@ def test_crafted_lines_are_refused_by_number_kept_and_the_others_replayed(
     assert journal == b"".join(lines[n - 1] + b"\n" for n in (1, 5, 12))
 
 
+@pytest.mark.slow
 def test_a_spool_of_a_store_nobody_named_is_not_replayed(run, tmp_path, recorder, capsys):
     uri, client, run_id, folder = run
     evil = tmp_path / "elsewhere" / "evil.db"
@@ -185,6 +187,7 @@ def test_a_spool_of_a_store_nobody_named_is_not_replayed(run, tmp_path, recorder
     assert not evil.parent.exists()
 
 
+@pytest.mark.slow
 def test_the_default_store_is_recognised_without_its_user_info(run, recorder, monkeypatch):
     _, _, run_id, folder = run
     spool = folder / SPOOL_NAME
@@ -231,6 +234,7 @@ def test_over_long_lines_are_refused_unread():
     assert nested.record is None and "nested too deeply" in nested.problem
 
 
+@pytest.mark.slow
 def test_spool_permissions_kept_symlinked_spool_or_journal_refused(run, tmp_path):
     uri, client, run_id, folder = run
     spool = folder / SPOOL_NAME

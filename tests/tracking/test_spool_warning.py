@@ -14,6 +14,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 CHILD = textwrap.dedent(
     """
     import os, resource, signal, sys, warnings

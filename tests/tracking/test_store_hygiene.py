@@ -23,6 +23,8 @@ from helpers.paths import SCRIPT
 
 from lightning_losses.callbacks import GammaAnnealing
 
+pytestmark = pytest.mark.slow
+
 QUICK = [
     "--trainer.max_epochs=1",
     "--trainer.limit_train_batches=3",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers.paths import SCRIPT
+from helpers.warned import REPLACED, RETIMED, package_warns
 from mlflow.tracking import MlflowClient
 
 from lightning_losses import compare
@@ -101,11 +102,13 @@ def two_values_at_one_step(client: MlflowClient, run_id: str, key: str) -> bool:
     return any(len(values) > 1 for values in seen.values())
 
 
+@pytest.mark.slow
 def test_resume_from_an_earlier_checkpoint_reads_one_value_per_step(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
     first_config = tmp_path / "first.yaml"
     write_config(first_config, "resume-history", tracking_uri=uri, csv_dir="csv_first", every=3)
-    first = main(["fit", "--config", str(first_config)])  # 3 epochs: steps 0..11
+    with package_warns(REPLACED):  # GammaAnnealing from 0.0: gamma_ce was given gamma=0.5
+        first = main(["fit", "--config", str(first_config)])  # 3 epochs: steps 0..11
     run_id = first.trainer.logger.run_id
     earlier = Path(first.trainer.checkpoint_callback.dirpath) / "step=3.ckpt"  # inside epoch 0
 
@@ -114,9 +117,16 @@ def test_resume_from_an_earlier_checkpoint_reads_one_value_per_step(tmp_path):
     resumed_config = tmp_path / "resumed.yaml"
     write_config(resumed_config, "resume-history", tracking_uri=uri, csv_dir="csv_resumed")
     before = now_ms()
-    resumed = main(
-        ["fit", "--config", str(resumed_config), "--trainer.max_epochs=2", f"--ckpt_path={earlier}"]
-    )
+    with package_warns(RETIMED), package_warns(REPLACED):
+        resumed = main(
+            [
+                "fit",
+                "--config",
+                str(resumed_config),
+                "--trainer.max_epochs=2",
+                f"--ckpt_path={earlier}",
+            ]
+        )
     after = now_ms()
     assert resumed.trainer.logger.run_id == run_id
 
@@ -156,22 +166,25 @@ def test_resume_from_an_earlier_checkpoint_reads_one_value_per_step(tmp_path):
     assert read_metrics(client, run_id)["val/acc"] == pytest.approx(final_acc)
 
 
+@pytest.mark.slow
 def test_resume_from_another_directory_continues_the_run_in_its_store(tmp_path, monkeypatch):
     first_dir, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
     first_dir.mkdir()
     elsewhere.mkdir()
     config = write_config(tmp_path / "fit.yaml", "moved")  # the default store: ./mlflow.db
     monkeypatch.chdir(first_dir)
-    first = main(["fit", "--config", str(config), "--trainer.max_epochs=1"])
+    with package_warns(REPLACED):  # GammaAnnealing from 0.0: gamma_ce was given gamma=0.5
+        first = main(["fit", "--config", str(config), "--trainer.max_epochs=1"])
     run_id = first.trainer.logger.run_id
     run_folder = first_dir / "mlflow_runs" / first.trainer.logger.experiment_id / run_id
     last = run_folder / "checkpoints" / "last.ckpt"
     assert last.is_file()
 
     monkeypatch.chdir(elsewhere)
-    resumed = main(
-        ["fit", "--config", str(config), "--trainer.max_epochs=2", f"--ckpt_path={last}"]
-    )
+    with package_warns(RETIMED), package_warns(REPLACED):  # 1 epoch, then 2
+        resumed = main(
+            ["fit", "--config", str(config), "--trainer.max_epochs=2", f"--ckpt_path={last}"]
+        )
     assert resumed.trainer.logger.run_id == run_id
     assert Path(resumed.trainer.logger.save_dir) == first_dir / "mlflow_runs"
     assert sorted(elsewhere.iterdir()) == []  # no store, no run folder here
@@ -195,6 +208,7 @@ def wait_for(condition, what: str, process: subprocess.Popen, log: Path) -> None
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigkilled_fit_is_marked_killed_by_sync_and_by_its_resume(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
     config = write_config(tmp_path / "fit.yaml", "killed", tracking_uri=uri, every=2)
@@ -230,9 +244,10 @@ def test_sigkilled_fit_is_marked_killed_by_sync_and_by_its_resume(tmp_path):
     assert [m.value for m in client.get_metric_history(run_id, "spooled/x")] == [1.5]
 
     earliest = checkpoints()[0]  # step=2.ckpt
-    resumed = main(
-        ["fit", "--config", str(config), "--trainer.max_epochs=2", f"--ckpt_path={earliest}"]
-    )
+    with package_warns(RETIMED), package_warns(REPLACED):  # 1000 epochs, then 2
+        resumed = main(
+            ["fit", "--config", str(config), "--trainer.max_epochs=2", f"--ckpt_path={earliest}"]
+        )
     assert resumed.trainer.logger.run_id == run_id
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
