@@ -27,7 +27,10 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint docs
+# lint (ruff, mypy) and docs run side by side, one core each (after venv, which both need),
+# before the tests take both cores.
+test:
+	$(MAKE) --no-print-directory -j2 lint docs
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 # The quick lane: every test but those marked slow (DDP processes, MLflow servers, console and

@@ -148,8 +148,10 @@ def test_diagram_bars_are_the_bins(sample_bins):
     np.testing.assert_allclose([p.get_y() for p in gap], np.minimum(accuracy, confidence))
     np.testing.assert_allclose([p.get_height() for p in gap], np.abs(confidence - accuracy))
     assert all(p.get_hatch() for p in gap)
-    assert top.get_xlabel() == "" and top.get_ylabel() == "Accuracy"
-    assert hist.get_xlabel() == "Confidence" and hist.get_ylabel() == "Count"
+    assert top.get_xlabel() == ""
+    assert top.get_ylabel() == "Accuracy"
+    assert hist.get_xlabel() == "Confidence"
+    assert hist.get_ylabel() == "Count"
 
     (samples,) = hist.containers
     np.testing.assert_array_equal([p.get_height() for p in samples], count)
@@ -158,7 +160,8 @@ def test_diagram_bars_are_the_bins(sample_bins):
     np.testing.assert_allclose(vlines, expected)
 
     single = reliability_diagram(count, conf_sum, correct_sum, show_histogram=False)
-    assert len(single.axes) == 1 and single.axes[0].get_xlabel() == "Confidence"
+    assert len(single.axes) == 1
+    assert single.axes[0].get_xlabel() == "Confidence"
 
 
 def test_diagram_title_shows_the_ece(sample_bins):
@@ -231,7 +234,9 @@ def test_no_pyplot_figures_and_lazy_imports(tmp_path, sample_bins):
 def test_to_netcal_converts_and_validates():
     logits, target = overconfident_logits(50, 4, 1.0, seed=2)
     probs, labels = to_netcal(logits.float(), target, input_format="logits")
-    assert probs.dtype == np.float64 and labels.dtype == np.int64 and probs.shape == (50, 4)
+    assert probs.dtype == np.float64
+    assert labels.dtype == np.int64
+    assert probs.shape == (50, 4)
     expected = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(probs, expected, rtol=1e-6)
     np.testing.assert_array_equal(labels, target.numpy())
@@ -367,7 +372,8 @@ def test_binary_temperature_matches_grid_search():
     grid = np.arange(1.0, 5.0, 1e-3)
     nll = np.array([reference_nll(z, y, s) for s in grid])
     best = grid[nll.argmin()]
-    assert best > 1.0 and best < 5.0 - 1e-3  # an interior minimum
+    assert best > 1.0
+    assert best < 5.0 - 1e-3  # an interior minimum
     assert t == pytest.approx(grid[nll.argmin()], abs=1.5e-3)
     assert reference_nll(z, y, t) <= nll.min() + 1e-12
     assert t == pytest.approx(2.5, rel=0.08)

@@ -349,7 +349,7 @@ def test_ignore_index_must_be_an_int(bad):
         CalibrationMonitor(ignore_index=bad)
 
 
-@pytest.mark.parametrize("task", ("binary", "multilabel"))
+@pytest.mark.parametrize("task", ["binary", "multilabel"])
 def test_soft_targets_with_ignore_index_are_an_error(task):
     preds, target = make(task, "probs")
     soft = target.to(torch.float32)
@@ -501,7 +501,8 @@ def test_netcal_bridge_drops_ignored_samples(task, input_format, tmp_path):
     got = netcal_metrics(preds, target, ignore_index=IGNORE, **options)
     assert got == netcal_metrics(preds[kept], target[kept], **options)
     probs, labels = to_netcal(preds, target, input_format=input_format, ignore_index=IGNORE)
-    assert labels.tolist() == target[kept].tolist() and probs.shape[0] == int(kept.sum())
+    assert labels.tolist() == target[kept].tolist()
+    assert probs.shape[0] == int(kept.sum())
     if task == "multiclass":  # and netcal's ECE is ours on the kept samples
         ours = calibration_error(preds, target, ignore_index=IGNORE, **options)
         # from float32 logits our log-sum-exp is float32, netcal's softmax float64

@@ -477,8 +477,11 @@ def test_dense_inputs_keep_their_interval_over_batchings_of_samples():
 @pytest.mark.parametrize("n", [400, 100_000])
 @pytest.mark.parametrize("attempts", [0, 4])
 def test_smooth_replicates_equal_the_one_grid_smooth_ece(n, attempts):
-    """Every replicate's smECE (secant search, or bisection with ``attempts=0``) equals the
-    single-grid path of ``smooth_calibration_error_from_grid``, row by row."""
+    """Every replicate's smECE equals the single-grid path, row by row.
+
+    The replicates use the secant search, or bisection with ``attempts=0``; the single-grid path
+    is ``smooth_calibration_error_from_grid``.
+    """
     from lightning_losses.calibration.bootstrap import REPLICATE_GRID_SIZE, _smooth_values
     from lightning_losses.calibration.smooth import smooth_calibration_error_from_grid
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,7 +184,8 @@ def test_calibration_error_matches_reference_and_netcal(task, norm):
     probs, target = with_saturated(probs, target, task)
     conf, correct = ref_top_label(probs.numpy(), target.numpy(), task)
     if task == "binary":
-        assert (conf == 0).any() and (conf == 1).any()
+        assert (conf == 0).any()
+        assert (conf == 1).any()
     assert (conf == 1).any()
     count, conf_sum, correct_sum = ref_bins(conf, correct, B)
     assert (count == 0).any() or task != "multiclass"  # top label >= 1/4: low bins are empty
@@ -501,7 +503,8 @@ def test_states_are_float64_sums_of_fixed_size():
     metric.update(torch.rand(50, 3).softmax(1), torch.randint(0, 3, (50,)))
     for name in ("count", "conf_sum", "correct_sum"):
         state = getattr(metric, name)
-        assert state.dtype == torch.float64 and state.shape == (7,)
+        assert state.dtype == torch.float64
+        assert state.shape == (7,)
         assert metric._reductions[name].__name__ == "dim_zero_sum"
     adaptive = cal.AdaptiveCalibrationError()
     assert adaptive._reductions["confidence"].__name__ == "dim_zero_cat"
@@ -680,7 +683,9 @@ def test_multiclass_rows_must_sum_to_one(call):
     with pytest.raises(ValueError, match="preds must hold probabilities that sum to 1") as info:
         call(preds, target)
     message = str(info.value)
-    assert "a sum of 0.5" in message and "at [2]" in message and "logits" in message
+    assert "a sum of 0.5" in message
+    assert "at [2]" in message
+    assert "logits" in message
     preds[2, 2] = 0.55  # now a distribution
     call(preds, target)
     # validate_args=False skips the value checks (the formulas are applied as given)
@@ -743,9 +748,9 @@ def test_non_finite_logits_raise_naming_preds(call, task, bad):
 def test_preds_and_target_on_two_devices(call):
     preds, target = unnormalised_rows()
     preds[2, 2] = 0.55
-    with pytest.raises(ValueError) as info:
+    message = "target is on meta but preds is on cpu; move them to one device"
+    with pytest.raises(ValueError, match=re.escape(message)):
         call(preds, target.to("meta"))
-    assert "target is on meta but preds is on cpu; move them to one device" in str(info.value)
 
 
 # --- imports --------------------------------------------------------------------------------

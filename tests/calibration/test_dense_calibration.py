@@ -1,6 +1,7 @@
-"""Dense ``[N, C, *]`` inputs: every calibration function and Metric gives the values of the
-same pixels flattened by hand, ignored pixels dropped, over any batching and over 2 gloo
-processes with uneven shares.
+"""Dense ``[N, C, *]`` inputs: every calibration function and Metric matches flat pixels.
+
+They give the values of the same pixels flattened by hand, ignored pixels dropped, over any
+batching and over 2 gloo processes with uneven shares.
 
 The reference for a dense ``[N, C, H, W]`` batch is the same function (or Metric) on
 ``preds.movedim(1, -1).reshape(-1, C)`` and ``target.reshape(-1)`` with the rows whose target

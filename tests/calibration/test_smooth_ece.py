@@ -118,7 +118,8 @@ def test_automatic_bandwidth_matches_relplot(name):
     preds, target, f, y = make_case(name)
     ref_value, ref_sigma = relplot.smECE(np.asarray(f, np.float64), y, return_width=True)
     value, sigma = smooth_calibration_error(preds, target, return_bandwidth=True)
-    assert value.dtype == torch.float64 and value.shape == ()
+    assert value.dtype == torch.float64
+    assert value.shape == ()
     assert abs(value.item() - ref_value) < 1e-3
     # The same bisection: a decision can flip only where smECE_σ and σ are within the two
     # discretisations' difference, which moves σ* by one step.
@@ -255,7 +256,8 @@ def test_empty_metric_and_grid_give_nan():
         assert math.isnan(metric.compute().item())
     zeros = torch.zeros(GRID_SIZE + 1, dtype=torch.float64)
     value, sigma = smooth_calibration_error_from_grid(zeros, zeros, return_bandwidth=True)
-    assert math.isnan(value.item()) and math.isnan(sigma.item())
+    assert math.isnan(value.item())
+    assert math.isnan(sigma.item())
     with pytest.raises(ValueError, match="empty"):
         smooth_reliability_curve(zeros, zeros)
     with pytest.raises(ValueError, match="empty"):
@@ -295,8 +297,8 @@ def test_bad_inputs_are_named():
         smooth_calibration_error(torch.rand(4, 3), torch.zeros(5, dtype=torch.long))
     with pytest.raises(TypeError, match="return_bandwidth must be True or False"):
         smooth_calibration_error(torch.tensor([0.2]), torch.tensor([1]), return_bandwidth=1)
+    metric = SmoothCalibrationError(num_classes=3)
     with pytest.raises(ValueError, match="num_classes"):
-        metric = SmoothCalibrationError(num_classes=3)
         metric.update(torch.rand(2, 4).softmax(1), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="grid_size must be >= 2; got 1"):
         smooth_grid_statistics(torch.tensor([0.5]), torch.tensor([1.0]), grid_size=1)
@@ -327,7 +329,8 @@ def test_diagram_draws_and_saves(tmp_path):
     curve = metric.curve()
 
     fig = smooth_reliability_diagram(*metric.grid(), title="Digits, epoch 3")
-    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert isinstance(fig, Figure)
+    assert len(fig.axes) == 2
     top, bottom = fig.axes
     assert top.get_title() == (f"Digits, epoch 3\nsmECE = {value:.4f} (σ = {curve.bandwidth:.4f})")
     line = top.collections[0]
@@ -345,7 +348,8 @@ def test_diagram_draws_and_saves(tmp_path):
 
     path = tmp_path / "smooth.png"
     saved = save_smooth_reliability_diagram(metric, path)
-    assert isinstance(saved, Figure) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert isinstance(saved, Figure)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(path).shape[:2] == (600, 500)
     fixed = SmoothCalibrationError(bandwidth=0.05)
     fixed.update(preds, target)

@@ -44,7 +44,8 @@ def test_correct_is_first_argmax_with_ties(levels, classes, dtype):
     assert (probs == probs.amax(1, keepdim=True)).sum(1).gt(1).any()  # ties are there
     top = CF._multiclass_top_label(probs, target, "probs")
     assert torch.equal(top.correct, want)
-    assert torch.equal(top.maxima, probs.amax(1)) and torch.equal(top.confidence, top.maxima)
+    assert torch.equal(top.maxima, probs.amax(1))
+    assert torch.equal(top.confidence, top.maxima)
     assert top.minimum == probs.amin()
     torch.testing.assert_close(top.sums, probs.sum(1, dtype=top.sums.dtype), rtol=0, atol=0)
     logits = probs.double().log()  # the same ties, as logits (uniform rows included)

@@ -158,7 +158,8 @@ def test_gammas_follow_the_reference_update_in_a_plain_module(tmp_path):
     assert model.criterion.gammas.tolist() == pytest.approx(gammas, abs=1e-12)
     assert model.criterion.edges.numpy() == pytest.approx(edges, abs=1e-12)
     assert sorted(logged) == [0, 1, 2]  # one value per bin per epoch, stepped by the epoch
-    assert update.last_diagram is not None and update.last_diagram.name == "adafocal_epoch=002.png"
+    assert update.last_diagram is not None
+    assert update.last_diagram.name == "adafocal_epoch=002.png"
     assert update.last_diagram.stat().st_size > 10_000
     assert gammas != [1.0] * 15  # the loop did move the gammas
 

@@ -122,7 +122,8 @@ def test_annealing_says_once_that_it_replaces_a_given_gamma(tmp_path):
     assert len(messages) == 1, messages
     assert messages[0].startswith("GammaAnnealing sets criterion.gamma")
     assert "FocalLoss was given gamma=2.0, the schedule sets 0.0 at step 0" in messages[0]
-    assert "stages=[...]" in messages[0] and "losses=[...]" in messages[0]
+    assert "stages=[...]" in messages[0]
+    assert "losses=[...]" in messages[0]
     # ... and it does replace it: gamma = step / total, linearly from 0 to 1.
     total = 2 * STEPS_PER_EPOCH
     assert [g for _, _, g in record.seen] == [step / total for step in range(total)]
@@ -193,7 +194,8 @@ def test_scope_that_matches_nothing_fails_before_training(tmp_path):
     before = model.net.weight.detach().clone()
     with pytest.raises(ValueError, match=r"losses=\['focal'\]\) acts on no criterion") as error:
         trainer(tmp_path, [GammaAnnealing(losses=["focal"])]).fit(model, *data())
-    assert "GammaCrossEntropyLoss" in str(error.value) and "gamma_ce" in str(error.value)
+    assert "GammaCrossEntropyLoss" in str(error.value)
+    assert "gamma_ce" in str(error.value)
     with pytest.raises(ValueError, match="no LossSwitch callback"):
         trainer(tmp_path, [GammaAnnealing(stages=[1])]).fit(model, *data())
     switch = LossSwitch(["ce", "focal"], milestones=[1])
@@ -261,7 +263,8 @@ def test_missing_outputs_fail_in_the_sanity_check(tmp_path, callback):
     with pytest.raises(ValueError, match="'logits' and 'target'") as error:
         t.fit(model, *data())
     assert "Plain.validation_step" in str(error.value)
-    assert t.global_step == 0 and torch.equal(model.net.weight, before)
+    assert t.global_step == 0
+    assert torch.equal(model.net.weight, before)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -219,8 +219,10 @@ def test_linear_and_cosine_are_monotone_and_bounded(lo, hi, s, length):
 
 
 def assert_extremes_bound(schedule: Schedule, first: int, last: int, total: int) -> None:
-    """Each extreme is the schedule's value where it is dated, inside the window, and every
-    value at an integer step of the window lies between the smallest and the largest."""
+    """Each extreme is the schedule's value where it is dated, inside the window.
+
+    Every value at an integer step of the window lies between the smallest and the largest.
+    """
     extremes = schedule.extremes(first, last, total)
     for at, value in extremes:
         assert first <= at <= last, (at, extremes)
@@ -267,7 +269,8 @@ def test_extremes_closed_forms():
     # A window that stops before the end: its first and last values, (1 + cos(pi p / 4)) / 2.
     (at_1, first), (at_2, last) = CosineSchedule(1.0, 0.0, start=0, end=4).extremes(1, 2)
     assert (at_1, at_2) == (1, 2)
-    assert close(first, (1 + math.cos(math.pi / 4)) / 2) and close(last, 0.5)
+    assert close(first, (1 + math.cos(math.pi / 4)) / 2)
+    assert close(last, 0.5)
     assert ExponentialSchedule(1.0, 0.01).extremes(0, 8, 8) == [(0, 1.0), (8, 0.01)]
     # Every value of a step schedule whose milestone lies in (first, last]: 0.25 * 8 = 2.
     step = StepSchedule([5.0, 0.5, 3.0, 9.0], milestones=[0.25, 4, 100])

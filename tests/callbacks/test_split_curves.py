@@ -110,7 +110,7 @@ def test_a_trainer_without_the_split_fails_at_setup():
 
 
 @pytest.mark.parametrize(
-    "arguments, message",
+    ("arguments", "message"),
     [
         ({"split": "holdout"}, "split must be one of 'train', 'val', 'test'; got 'holdout'"),
         ({"every_n_epochs": 0}, "every_n_epochs must be >= 1; got 0"),

@@ -122,7 +122,8 @@ def test_fit_then_test_and_predict_from_checkpoint(tmp_path):
     config = str(ROOT / "configs" / "digits_focal.yaml")
     cli = main(["fit", "--config", config, *QUICK])
     checkpoint = cli.trainer.checkpoint_callback.best_model_path
-    assert checkpoint and Path(checkpoint).exists()
+    assert checkpoint
+    assert Path(checkpoint).exists()
     torch.load(checkpoint, weights_only=True)
     tested = main(["test", "--config", config, "--ckpt_path", checkpoint, *QUICK[2:]])
     assert 0.0 <= float(tested.trainer.callback_metrics["test/acc"]) <= 1.0
@@ -171,5 +172,6 @@ def test_unreachable_tracking_server_is_one_short_message(tmp_path):
     [message] = [line for line in done.stderr.splitlines() if "error:" in line]
     option = "trainer.logger.init_args.tracking_uri"
     assert f"error: {option}: the MLflow tracking server at {uri} cannot be reached" in message
-    assert "Traceback" not in done.stderr and "Union" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Union" not in done.stderr
     assert not (tmp_path / "mlflow.db").exists()  # nothing ran

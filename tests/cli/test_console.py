@@ -69,7 +69,7 @@ def test_top_level_help_lists_every_command_without_heavy_imports():
 
 
 @pytest.mark.parametrize(
-    "command, option",
+    ("command", "option"),
     [
         ("compare", "--experiment"),
         ("sync-tracking", "--tracking-uri"),

@@ -81,6 +81,15 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 # --- a checkpoint that cannot be read ----------------------------------------------------------
 
 
+def torch_load_fails(path: Path) -> bool:
+    """Whether ``torch.load`` raises on ``path`` (any exception: EOF, pickle, zip, OS errors)."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return True
+    return False
+
+
 @pytest.mark.slow
 def test_checkpoint_problem_refuses_what_torch_load_cannot_read(fitted, tmp_path):
     data = fitted.last.read_bytes()
@@ -88,8 +97,7 @@ def test_checkpoint_problem_refuses_what_torch_load_cannot_read(fitted, tmp_path
         path = tmp_path / f"cut{cut}.ckpt"
         path.write_bytes(data[:cut])
         assert checkpoint_problem(path) is not None, cut
-        with pytest.raises(Exception):  # noqa: B017 (the reference: torch.load fails too)
-            torch.load(path, map_location="cpu", weights_only=True)
+        assert torch_load_fails(path), cut  # the reference: torch.load fails too
     assert checkpoint_problem(fitted.last) is None
     legacy = tmp_path / "legacy.ckpt"  # torch.save's pickle format is left to torch.load
     torch.save({"global_step": 3}, legacy, _use_new_zipfile_serialization=False)
@@ -165,7 +173,8 @@ def test_a_locked_store_is_one_line_naming_the_file(fitted, tmp_path):
         holder.stdin.close()
         holder.wait(timeout=60)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and "Union subtypes" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Union subtypes" not in done.stderr
     last = done.stderr.splitlines()[-1]
     assert last == (
         f"lightning-losses fit: error: the MLflow store {store} is locked by another process "
@@ -295,7 +304,8 @@ def test_validate_logs_at_the_checkpoints_global_step(fitted):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     new = _new_entries(client, fitted.run_id, "val/acc", before)
-    assert new and {m.step for m in new} == {step}
+    assert new
+    assert {m.step for m in new} == {step}
 
 
 @pytest.mark.slow
@@ -306,7 +316,8 @@ def test_test_logs_at_the_checkpoints_global_step(fitted):
     with contextlib.chdir(fitted.folder):
         main(["test", "--ckpt_path", str(fitted.last), "--trainer.limit_test_batches=2"])
     new = _new_entries(client, fitted.run_id, "test/acc", before)
-    assert new and {m.step for m in new} == {step}
+    assert new
+    assert {m.step for m in new} == {step}
 
 
 # --- 16-true ----------------------------------------------------------------------------------

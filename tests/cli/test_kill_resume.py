@@ -100,7 +100,8 @@ def check_latest_state(trainer: L.Trainer, probe: LastCheckpointProbe, epochs: i
     assert trainer.checkpoint_callback.monitor in ("val/nll", "val/ppl")
     assert len(trainer.checkpoint_callbacks) == 2
     files = sorted(p.name for p in last_of(trainer).parent.iterdir())
-    assert len(files) == 2 and "last.ckpt" in files, files
+    assert len(files) == 2, files
+    assert "last.ckpt" in files, files
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -129,9 +130,11 @@ class Worst(NamedTuple):
 
 @pytest.fixture(scope="module")
 def worst(tmp_path_factory) -> Iterator[Worst]:
-    """A tracked 3-epoch fit of ``digits_ce`` whose best-by-val/nll callback keeps the *largest*
-    val/nll: its epoch is not the last one. Lightning's ``save_last`` beside it would have left
-    ``last.ckpt`` at that epoch."""
+    """A tracked 3-epoch fit of ``digits_ce`` whose best checkpoint is not its last epoch.
+
+    Its best-by-val/nll callback keeps the *largest* val/nll: its epoch is not the last one.
+    Lightning's ``save_last`` beside it would have left ``last.ckpt`` at that epoch.
+    """
     folder = tmp_path_factory.mktemp("worst")
     text = (ROOT / "configs" / "digits_ce.yaml").read_text()
     assert text.count("mode: min") == 1

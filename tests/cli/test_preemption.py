@@ -1,5 +1,6 @@
-"""SIGTERM / SIGUSR1 stop a fit with a checkpoint, a KILLED run and exit status 143; a resume
-that fails at its start leaves the run as it was.
+"""SIGTERM / SIGUSR1 stop a fit with a checkpoint, a KILLED run and exit status 143.
+
+A resume that fails at its start leaves the run as it was.
 
 Real ``lightning-losses fit`` processes are stopped with ``os.kill`` once the MLflow store (read
 with :mod:`sqlite3`, not with the package) holds their first training metrics. The resumed fit
@@ -161,7 +162,8 @@ def test_sigterm_checkpoints_mid_epoch_ends_killed_and_resumes_exactly(tmp_path,
     assert run.info.status == "KILLED"
     hint = run.data.tags[RESUME_COMMAND_TAG]
     assert shlex.split(hint) == ["lightning-losses", *fit, "--ckpt_path", str(checkpoint)]
-    assert f"stopped by SIGTERM at step {step}" in log and hint in log
+    assert f"stopped by SIGTERM at step {step}" in log
+    assert hint in log
 
     # The uninterrupted fit, in its own store; then the command the run names (the README's:
     # fit --config ... --ckpt_path .../last.ckpt), through the console script's entry point
@@ -186,7 +188,8 @@ def test_sigterm_checkpoints_mid_epoch_ends_killed_and_resumes_exactly(tmp_path,
     # The interrupted epoch's time counts from the resume, not from the process's start.
     client = MlflowClient(f"sqlite:///{killed / 'mlflow.db'}")
     seconds = client.get_metric_history(run.info.run_id, "time/epoch_seconds")
-    assert len(seconds) == 2 and all(0 < m.value < time.monotonic() - started for m in seconds)
+    assert len(seconds) == 2
+    assert all(0 < m.value < time.monotonic() - started for m in seconds)
     final, reference = load(the_checkpoint(killed)), load(the_checkpoint(straight))
     assert final["global_step"] == reference["global_step"] == 2 * BATCHES
     for key, value in reference["state_dict"].items():

@@ -88,7 +88,8 @@ def test_fit_prints_only_its_own_summary_lines(fitted):
     assert_no_chatter(done.stdout + done.stderr)
     assert done.stderr == ""
     lines = done.stdout.splitlines()
-    assert lines and all(OURS.match(line) for line in lines), lines
+    assert lines, lines
+    assert all(OURS.match(line) for line in lines), lines
     assert lines[0].startswith("lightning-losses fit: criterion ")
 
 
@@ -132,7 +133,8 @@ def test_command_output_puts_levels_and_variables_back(monkeypatch):
         assert os.environ["LIGHTNING_LOSSES_VERBOSE"] == "0"  # what DDP ranks inherit
         assert os.environ["MLFLOW_LOGGING_LEVEL"] == "WARNING"
         assert warnings.filters != filters
-    assert logger.level == level and warnings.filters == filters
+    assert logger.level == level
+    assert warnings.filters == filters
     assert "LIGHTNING_LOSSES_VERBOSE" not in os.environ
     assert "MLFLOW_LOGGING_LEVEL" not in os.environ
 
@@ -166,13 +168,18 @@ def test_reproduce_prints_progress_lines_only(tmp_path):
     assert lines[3:] == [f"report: {out}/REPORT.md"]
 
 
-def test_the_package_warnings_stay_and_the_libraries_go():
+def warn_from_the_package_and_the_libraries() -> None:
+    """One UserWarning from each of three modules, one DeprecationWarning from each of two."""
     sources = ("lightning_losses.callbacks.adafocal", "lightning.pytorch.loops", "mlflow.store")
+    for module in sources:
+        warnings.warn_explicit(f"from {module}", UserWarning, "x.py", 1, module=module)
+    for module in ("lightning_losses.losses", "torch.utils"):
+        warnings.warn_explicit(f"old {module}", DeprecationWarning, "x.py", 2, module=module)
+
+
+def test_the_package_warnings_stay_and_the_libraries_go():
     with pytest.warns((UserWarning, DeprecationWarning)) as record, command_output(False):
-        for module in sources:
-            warnings.warn_explicit(f"from {module}", UserWarning, "x.py", 1, module=module)
-        for module in ("lightning_losses.losses", "torch.utils"):
-            warnings.warn_explicit(f"old {module}", DeprecationWarning, "x.py", 2, module=module)
+        warn_from_the_package_and_the_libraries()
     assert [str(w.message) for w in record] == [
         "from lightning_losses.callbacks.adafocal",
         "old lightning_losses.losses",
@@ -245,7 +252,8 @@ def test_progress_bar_off_but_for_fit_in_a_terminal_or_where_chosen(monkeypatch)
 def test_reproduce_keeps_fit_lines_out_unless_verbose(monkeypatch, capsys):
     from lightning_losses.reproduce.cli import parse_args
 
-    assert parse_args(["--verbose"]).verbose and not parse_args([]).verbose
+    assert parse_args(["--verbose"]).verbose
+    assert not parse_args([]).verbose
     monkeypatch.delenv(VERBOSE_ENV, raising=False)
     with fit_output_aside():
         print("lightning-losses fit: kept out")

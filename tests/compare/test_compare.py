@@ -284,12 +284,14 @@ def test_format_table_aligns_and_shows_missing_as_dash(rows):
     assert lines[0].split()[:6] == ["run", "id", "started", "loss", "hparams", "dataset"]
     assert _table_order(table)[-1] == "gamma-run"  # no val/brier: last, shown as "-"
     gamma_line = lines[-1]
-    assert "0.9300" in gamma_line and "0.0200" in gamma_line
+    assert "0.9300" in gamma_line
+    assert "0.0200" in gamma_line
     columns = lines[0].index("val/brier"), lines[0].index("val/brier") + len("val/brier")
     assert gamma_line[columns[0] : columns[1]].strip() == "-"
     for line in lines[2:]:  # right-aligned numbers: every ECE ends where its header ends
         end = lines[0].index("val/ece") + len("val/ece")
-        assert line[end - 1].isdigit() and line[end] == " "
+        assert line[end - 1].isdigit()
+        assert line[end] == " "
 
 
 def test_sort_by_unknown_column_is_an_error(rows):
@@ -364,7 +366,8 @@ def test_main_prints_the_table_and_writes_the_files(store, tmp_path, capsys):
     for loss in ("FocalLoss", "GammaCrossEntropyLoss", "CrossEntropyLoss"):
         assert loss in printed
     assert _table_order(printed.split("\n\n")[0]) == ["ce-run", "gamma-run", "focal-run"]
-    assert str(out / "comparison.csv") in printed and str(out / "comparison.png") in printed
+    assert str(out / "comparison.csv") in printed
+    assert str(out / "comparison.png") in printed
     with (out / "comparison.csv").open(newline="") as handle:
         assert [row["run_name"] for row in csv.DictReader(handle)] == [
             "ce-run",
@@ -386,7 +389,8 @@ def test_main_unknown_experiment_fails_with_a_message(store, tmp_path, capsys):
     argv = ["--experiment", "nope", "--tracking-uri", store["uri"], "--out", str(tmp_path / "x")]
     assert compare.main(argv) != 0
     captured = capsys.readouterr()
-    assert "nope" in captured.err and EXPERIMENT in captured.err
+    assert "nope" in captured.err
+    assert EXPERIMENT in captured.err
     assert captured.out == ""
     assert not (tmp_path / "x").exists()
 

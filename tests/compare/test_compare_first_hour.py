@@ -161,7 +161,8 @@ def test_two_fits_of_one_config_are_told_apart_by_run_id(store, printed):
     for run_id in store["ids"]:  # each run on exactly one line, named by its id's first 8
         assert [line.split()[1] for line in body].count(run_id[:8]) == 1
     focal = [line for line in body if line.split()[0] == "digits_focal"]
-    assert len(focal) == 2 and focal[0] != focal[1]
+    assert len(focal) == 2
+    assert focal[0] != focal[1]
 
 
 def test_the_csv_has_every_column_with_whole_ids_and_start_times(store, tmp_path):
@@ -175,7 +176,8 @@ def test_the_csv_has_every_column_with_whole_ids_and_start_times(store, tmp_path
     for i, row in enumerate(parsed):
         started = datetime.fromtimestamp((START_MS + 600_000 * i) / 1000.0)
         assert row["start_time"] == started.strftime("%Y-%m-%d %H:%M:%S")
-        assert row["dataset"].endswith("DataModule") and "label_smoothing=0" in row["hparams"]
+        assert row["dataset"].endswith("DataModule")
+        assert "label_smoothing=0" in row["hparams"]
 
 
 def test_printed_table_fits_100_columns_and_names_what_all_runs_share(printed):
@@ -183,14 +185,17 @@ def test_printed_table_fits_100_columns_and_names_what_all_runs_share(printed):
         assert len(line) <= WIDTH, line
     # label_smoothing=0 is an argument of every run's loss: said once, not in each row.
     common = [line for line in printed.splitlines() if line.startswith("common:")]
-    assert common and "label_smoothing=0" in common[0]
+    assert common
+    assert "label_smoothing=0" in common[0]
     rows = printed.split("\n\n")[0]
     assert "label_smoothing" not in rows
     for _, loss, *_ in RUNS:
         assert loss in rows  # the loss names stay whole
     assert any(cell.endswith("...") for cell in rows.split())  # long names are cut
     notes = " ".join(printed.split("\n\n")[1].split())
-    assert "to fit 100 columns: left out" in notes and "dataset" in notes and "--wide" in notes
+    assert "to fit 100 columns: left out" in notes
+    assert "dataset" in notes
+    assert "--wide" in notes
     with pytest.raises(ValueError, match="width must be >= 1; got 0"):
         compare.format_table([], width=0)
     from lightning_losses.compare import cli, table
@@ -209,7 +214,8 @@ def test_wide_shows_every_column_in_full(store, tmp_path):
     for title in ("started", "dataset", "val/brier", "epochs", "wall"):
         assert title in header
     assert "LossSwitch(ce, FocalLoss(gamma=2)@10)" in printed
-    assert "LongTailedDigitsDataModule" in printed and "label_smoothing=0" in printed
+    assert "LongTailedDigitsDataModule" in printed
+    assert "label_smoothing=0" in printed
 
 
 def test_the_table_fits_the_terminal_width(store, tmp_path, monkeypatch):
@@ -379,7 +385,8 @@ def test_labels_of_identical_and_near_points_overlap_nothing(case, tiles):
         for i, (name, acc, ece) in enumerate(NEAR[case])
     ]
     fig, ax, texts = _drawn(rows, tiles)
-    assert ax.get_legend() is None and len(texts) == len(rows)  # labelled beside the points
+    assert ax.get_legend() is None
+    assert len(texts) == len(rows)  # labelled beside the points
     renderer = fig.canvas.get_renderer()
     boxes = [text.get_window_extent(renderer) for text in texts]
     for (i, a), (j, b) in itertools.combinations(enumerate(boxes), 2):

@@ -260,7 +260,8 @@ def test_paired_verdicts_real_difference_null_and_noise(store, tmp_path, capsys)
         assert f"equivalence margin ±{MARGINS[metric]:g})" in out
     # Noise that 5 seeds cannot decide: undecided, with the seeds that would.
     d = paired(NOISY, "val/acc")
-    assert stats.ttest_1samp(d, 0.0).pvalue >= 0.05 and not tost(d, 0.01, 0.05)
+    assert stats.ttest_1samp(d, 0.0).pvalue >= 0.05
+    assert not tost(d, 0.01, 0.05)
     k = seeds_needed_by_hand(d, 0.01)
     assert lines["val/acc", NOISY].endswith(f"  undecided (needs ~{k} seeds)")
     # The older run of CE seed 0 does not count, and the output says so.
@@ -276,7 +277,8 @@ def test_printed_intervals_are_student_t_of_the_drawn_values(store, tmp_path, ca
     code, out, err = compare(store, tmp_path, capsys, *options)
     assert code == 0, err
     header = out.splitlines()[out.splitlines().index("") + 1]
-    assert f"mean ± {level:.0%} t CI" in header and f"diff ± {level:.0%} paired t CI" in header
+    assert f"mean ± {level:.0%} t CI" in header
+    assert f"diff ± {level:.0%} paired t CI" in header
     lines = table_lines(out)
     rows = list(csv.DictReader((tmp_path / "groups.csv").open(encoding="utf-8")))
     by_key = {(row["metric"], row["group"]): row for row in rows}
@@ -306,7 +308,8 @@ def test_printed_intervals_are_student_t_of_the_drawn_values(store, tmp_path, ca
 def test_unpaired_is_welch_and_baseline_option(store, tmp_path, capsys):
     code, out, err = compare(store, tmp_path, capsys, "--group-by", "loss", "--baseline", FOCAL)
     assert code == 0, err
-    assert "95% Welch t CI" in out and "; baseline FocalLoss." in out.replace("\n  ", " ")
+    assert "95% Welch t CI" in out
+    assert "; baseline FocalLoss." in out.replace("\n  ", " ")
     lines = table_lines(out)
     assert lines["val/acc", CE].endswith("  worse")  # 0.05 below FocalLoss
     assert lines["val/ece", CE].endswith("  worse")  # 0.02 above: worse, lower is better
@@ -367,7 +370,8 @@ def test_baseline_by_value_left_out_runs_and_group_order(store, tmp_path, capsys
         for seed in range(3)
     ]
     result = compare_groups(records, "g", pair_by="seed", baseline="2")
-    assert list(result.groups) == ["0.5", "2.0", "10.0"] and result.baseline == "2.0"
+    assert list(result.groups) == ["0.5", "2.0", "10.0"]
+    assert result.baseline == "2.0"
     assert compare_groups(records, "g").baseline == "0.5"  # no cross-entropy group: the first
     one_seed = compare_groups([r for r in records if r.start_time == 0], "g", pair_by="seed")
     verdicts = {row.group: verdict_text(row.decision) for row in one_seed.rows if row.decision}
@@ -381,9 +385,12 @@ def test_unequal_seeds_cannot_be_paired(store, tmp_path, capsys):
     ids = [run_id for (group, seed), run_id in store["ids"].items() if (group, seed) != (FOCAL, 4)]
     options = ["--group-by", GROUP_BY, "--pair-by", "seed", "--runs", *ids]
     code, out, err = compare(store, tmp_path, capsys, *options)
-    assert code == 2 and out == ""
+    assert code == 2
+    assert out == ""
     assert len(err.strip().splitlines()) == 1
-    assert "--pair-by" in err and "only in the baseline: [4]" in err and "'FocalLoss'" in err
+    assert "--pair-by" in err
+    assert "only in the baseline: [4]" in err
+    assert "'FocalLoss'" in err
     # Unpaired, the same runs compare: Welch's interval takes unequal groups.
     code, out, err = compare(store, tmp_path, capsys, *options[:2], "--runs", *ids)
     assert code == 0, err
@@ -409,7 +416,8 @@ def test_unequal_seeds_cannot_be_paired(store, tmp_path, capsys):
 )
 def test_bad_input_is_one_line_naming_the_option(store, tmp_path, capsys, options, message):
     code, out, err = compare(store, tmp_path, capsys, *options)
-    assert code == 2 and out == ""
+    assert code == 2
+    assert out == ""
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("lightning-losses compare: error: ")
     assert message in err
@@ -417,7 +425,8 @@ def test_bad_input_is_one_line_naming_the_option(store, tmp_path, capsys, option
 
 def test_baseline_did_you_mean(store, tmp_path, capsys):
     code, _, err = compare(store, tmp_path, capsys, "--group-by", "loss", "--baseline", "FocalLos")
-    assert code == 2 and "did you mean 'FocalLoss'?" in err
+    assert code == 2
+    assert "did you mean 'FocalLoss'?" in err
     assert "groups: AdaFocalLoss, CrossEntropyLoss, FocalLoss, SoftTruncatedLoss" in err
 
 
@@ -438,10 +447,13 @@ def test_narrow_table_is_cut_to_fit(store, width, fitted, shown):
     assert all(len(line) <= width for line in text.splitlines())
     assert f"to fit {width} columns: {fitted} (--wide" in text.replace("\n  ", " ")
     table = text.split("\n\n")[1]
-    assert shown in table and "baseline" in table and "better" in table
+    assert shown in table
+    assert "baseline" in table
+    assert "better" in table
     assert ("mean ± 95% t CI" in table) == ("means" not in fitted)
     wide = groups.format_groups(result)
-    assert "CrossEntropyLoss" in wide and "to fit" not in wide
+    assert "CrossEntropyLoss" in wide
+    assert "to fit" not in wide
 
 
 @pytest.mark.slow

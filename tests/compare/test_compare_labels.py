@@ -67,8 +67,10 @@ def test_labels_of_close_runs_do_not_overlap_and_name_their_runs(spread):
         assert _disjoint(a, b), (texts[i].get_text(), texts[j].get_text(), a, b)
     panel = ax.get_window_extent(fig.canvas.get_renderer())
     for box in boxes:  # every label inside the panel
-        assert panel.x0 - 0.5 <= box.x0 and box.x1 <= panel.x1 + 0.5
-        assert panel.y0 - 0.5 <= box.y0 and box.y1 <= panel.y1 + 0.5
+        assert panel.x0 - 0.5 <= box.x0
+        assert box.x1 <= panel.x1 + 0.5
+        assert panel.y0 - 0.5 <= box.y0
+        assert box.y1 <= panel.y1 + 0.5
 
 
 def test_labels_moved_away_get_leader_lines_to_their_points():
@@ -88,7 +90,8 @@ def test_too_many_runs_for_the_panel_get_a_legend_whose_entries_do_not_overlap()
     rows = _rows(60, 1e-4)
     _, ax, texts, boxes = _drawn_scatter(rows)
     legend = ax.get_legend()
-    assert legend is not None and list(legend.get_texts()) == texts
+    assert legend is not None
+    assert list(legend.get_texts()) == texts
     assert [text.get_text().split(" ")[0] for text in texts] == [r["run_name"] for r in rows]
     for a, b in itertools.combinations(boxes, 2):
         assert _disjoint(a, b)
@@ -173,7 +176,8 @@ def test_package_exports_resolve_lazily_to_the_submodules():
     assert compare.hparams_text is describe.hparams_text
     assert compare.unflatten is params.unflatten
     assert compare.format_table is table.format_table
-    assert compare.main is cli.main and compare.build_parser is cli.build_parser
+    assert compare.main is cli.main
+    assert compare.build_parser is cli.build_parser
     assert compare.comparison_figure is figure.comparison_figure
     for name in compare.__all__:
         assert getattr(compare, name) is not None

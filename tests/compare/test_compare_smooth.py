@@ -86,7 +86,8 @@ def test_rows_read_the_smooth_ece(store):
 
 def test_the_smooth_column_appears_only_when_a_run_has_it():
     with_smooth = compare.format_table([{"run_name": "x", "val/smooth_ece": 0.0123}])
-    assert "val/smooth_ece" in with_smooth.splitlines()[0] and "0.0123" in with_smooth
+    assert "val/smooth_ece" in with_smooth.splitlines()[0]
+    assert "0.0123" in with_smooth
     without = compare.format_table([{"run_name": "x", "val/ece": 0.02}])
     assert "smooth" not in without
 
@@ -104,7 +105,8 @@ def test_main_with_smooth_ece_sorts_by_it_and_shows_the_smoothed_diagrams(store,
     assert _color_fraction(image, BINNED_COLOR) == 0.0
     with (tmp_path / "s" / "comparison.csv").open(newline="") as handle:
         values = {row["run_name"]: row["val/smooth_ece"] for row in csv.DictReader(handle)}
-    assert float(values["b"]) == pytest.approx(0.04) and values["c"] == ""
+    assert float(values["b"]) == pytest.approx(0.04)
+    assert values["c"] == ""
 
     assert compare.main([*argv, "--out", str(tmp_path / "b")]) == 0  # the default: binned
     assert _order(capsys.readouterr().out.split("\n\n")[0]) == ["a", "b", "c"]

@@ -147,7 +147,9 @@ def test_unknown_status_is_a_usage_error(store, tmp_path, capsys):
         _compare(store, tmp_path, "--status", "DONE")
     assert stop.value.code == 2
     err = capsys.readouterr().err
-    assert "--status" in err and "'DONE' is not a run status" in err and "KILLED" in err
+    assert "--status" in err
+    assert "'DONE' is not a run status" in err
+    assert "KILLED" in err
     with pytest.raises(ValueError, match="DONE: not a run status"):
         compare.collect_runs(EXPERIMENT, tracking_uri=store, status=["DONE"])
 

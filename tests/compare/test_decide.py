@@ -65,7 +65,8 @@ def test_direction_and_verdicts():
     assert decide([0.01, 0.012, 0.011], margin=0.0, higher_is_better=False).verdict == "worse"
     assert decide([-0.01, -0.012, -0.011], margin=0.0, higher_is_better=False).verdict == "better"
     tiny = decide([0.0010, 0.0011, 0.0012, 0.0010], margin=0.01)
-    assert tiny.verdict == "equivalent" and tiny.different  # beyond noise, inside the margin
+    assert tiny.verdict == "equivalent"
+    assert tiny.different  # beyond noise, inside the margin
 
 
 def test_seeds_needed_is_the_first_count_that_decides():
@@ -80,7 +81,8 @@ def test_seeds_needed_is_the_first_count_that_decides():
             abs(mean) + stats.t.ppf(0.95, n - 1) * se < 0.005
         )
 
-    assert decides(k) and not any(decides(n) for n in range(3, k))
+    assert decides(k)
+    assert not any(decides(n) for n in range(3, k))
     assert "needs ~" in decision.describe()
     assert decide([0.01], margin=0.0).seeds_needed is None
 
@@ -97,8 +99,11 @@ def test_bad_input_names_the_argument():
 
 
 def test_non_inferiority_equals_scipys_one_sided_t_tests():
-    """``non_inferior``: holds iff the one-sided t-test of ``d > -margin`` rejects at 5%, fails
-    iff the one of ``d < -margin`` does (scipy.stats.ttest_1samp), else undecided."""
+    """``non_inferior`` follows the one-sided t-tests of scipy.stats.ttest_1samp at 5%.
+
+    It holds iff the one-sided t-test of ``d > -margin`` rejects at 5%, fails iff the one of
+    ``d < -margin`` does, else is undecided.
+    """
     from lightning_losses.compare.decide import non_inferior
 
     rng = np.random.default_rng(7)
@@ -129,8 +134,11 @@ def test_non_inferiority_equals_scipys_one_sided_t_tests():
 
 
 def test_below_zero_beyond_noise_but_maybe_within_the_margin_is_undecided():
-    """FLSD-53's accuracy against CE's in the report's claim 8: the difference is below 0 beyond
-    noise but its one-sided bound crosses -0.01, so "not below by more than 0.01" is undecided."""
+    """FLSD-53's accuracy against CE's in the report's claim 8 is undecided.
+
+    The difference is below 0 beyond noise but its one-sided bound crosses -0.01, so "not below
+    by more than 0.01" is undecided.
+    """
     from lightning_losses.reproduce.spec import Condition
 
     diffs = [-0.009, -0.012, -0.006, -0.010, -0.008]

@@ -62,9 +62,12 @@ def test_properties_and_batches(name: str) -> None:
     dm.setup("fit")
     for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()):
         x, y = next(iter(loader))
-        assert x.shape == (16, 64) and x.dtype == torch.float32
-        assert y.shape == (16, *target_tail) and y.dtype == target_dtype
-        assert 0.0 <= x.min() and x.max() <= 1.0
+        assert x.shape == (16, 64)
+        assert x.dtype == torch.float32
+        assert y.shape == (16, *target_tail)
+        assert y.dtype == target_dtype
+        assert 0.0 <= x.min()
+        assert x.max() <= 1.0
     predicted = torch.cat(list(dm.predict_dataloader()))
     assert torch.equal(predicted, dm.dataset("test").tensors[0])
 
@@ -123,7 +126,8 @@ def test_long_tailed_counts(ratio: float) -> None:
     expected = [int(n_max * ratio ** (-c / 9)) for c in range(10)]
     counts = np.bincount(dm.dataset("train").tensors[1].numpy(), minlength=10)
     assert counts.tolist() == expected
-    assert counts[0] == n_max and counts[0] / counts[9] == pytest.approx(ratio, rel=0.1)
+    assert counts[0] == n_max
+    assert counts[0] / counts[9] == pytest.approx(ratio, rel=0.1)
     # the kept samples are a subset of the balanced training split; val and test unchanged
     assert np.isin(dm.split_indices["train"], balanced.split_indices["train"]).all()
     for split in ("val", "test"):
@@ -155,7 +159,8 @@ def test_rare_digit_fraction(digit: int, fraction: float) -> None:
 
 def test_multilabel_attributes() -> None:
     dm = MultiLabelDigitsDataModule()
-    assert len(dm.label_names) == 5 and dm.num_classes == 5
+    assert len(dm.label_names) == 5
+    assert dm.num_classes == 5
 
     def attributes(d: int) -> list[float]:
         return [
@@ -212,7 +217,8 @@ def test_tensor_npz_round_trip(tmp_path: Path) -> None:
     assert np.array_equal(np.sort(_union(dm)), np.arange(100))
     xs, ys = _rows(dm)
     assert np.array_equal(xs, x.reshape(100, 6).astype(np.float32))
-    assert np.array_equal(ys, y) and ys.dtype == np.int64
+    assert np.array_equal(ys, y)
+    assert ys.dtype == np.int64
     assert np.bincount(ys[dm.split_indices["test"]]).tolist() == [5, 5, 5, 5]  # stratified
 
     nm = np.stack([y, (y + 1) % 5], axis=1)
@@ -232,7 +238,8 @@ def test_tensor_csv_round_trip(tmp_path: Path) -> None:
     assert (dm.task, dm.num_features, dm.num_classes) == ("binary", 3, 1)
     xs, ys = _rows(dm)
     assert np.array_equal(xs, x.astype(np.float32))
-    assert np.array_equal(ys, y.astype(np.float32)) and ys.dtype == np.float32
+    assert np.array_equal(ys, y.astype(np.float32))
+    assert ys.dtype == np.float32
 
     # no header, label by index; multilabel from a list of columns
     rows = [f"{t},{a},{b},{c}" for (a, b, c), t in zip(x, y, strict=True)]

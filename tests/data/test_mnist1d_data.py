@@ -109,7 +109,8 @@ def test_small_set_is_mnist1ds(small: MNIST1DDataModule) -> None:
     for split in ("train", "val"):
         x, y = _split(small, split)
         index = small.split_indices[split]
-        assert x.dtype == np.float32 and y.dtype == np.int64
+        assert x.dtype == np.float32
+        assert y.dtype == np.int64
         assert np.array_equal(x, reference["x"][index].astype(np.float32))
         assert np.array_equal(y, reference["y"][index])
     x_test, y_test = _split(small, "test")
@@ -121,8 +122,10 @@ def test_small_set_is_mnist1ds(small: MNIST1DDataModule) -> None:
 def test_batches_and_predict(small: MNIST1DDataModule) -> None:
     for loader in (small.train_dataloader(), small.val_dataloader(), small.test_dataloader()):
         x, y = next(iter(loader))
-        assert x.shape[1:] == (40,) and x.dtype == torch.float32
-        assert y.shape == x.shape[:1] and y.dtype == torch.int64
+        assert x.shape[1:] == (40,)
+        assert x.dtype == torch.float32
+        assert y.shape == x.shape[:1]
+        assert y.dtype == torch.int64
     assert torch.equal(
         torch.cat(list(small.predict_dataloader())), small.dataset("test").tensors[0]
     )
@@ -156,7 +159,8 @@ def test_generated_test_set(small: MNIST1DDataModule, cache: Path) -> None:
     # training and validation are those of the published-style split; the test set is new
     for split in ("train", "val"):
         assert torch.equal(dm.dataset(split).tensors[0], small.dataset(split).tensors[0])
-    assert x_test.shape == (50, 40) and not np.isin(x_test, _split(small, "test")[0]).any()
+    assert x_test.shape == (50, 40)
+    assert not np.isin(x_test, _split(small, "test")[0]).any()
 
 
 def test_generated_test_set_with_every_sequence_for_training(cache: Path) -> None:
@@ -197,7 +201,8 @@ def test_second_construction_reads_the_cache(tmp_path: Path) -> None:
     assert torch.equal(third.dataset("test").tensors[0], first.dataset("test").tensors[0] + 1000)
     # other generation arguments are another file
     other = MNIST1DDataModule(num_samples=300, cache_dir=str(tmp_path))
-    assert other.cache_files[0] != path and len(list(tmp_path.iterdir())) == 2
+    assert other.cache_files[0] != path
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 def _garbage(path: Path) -> None:
@@ -234,7 +239,8 @@ def test_corrupt_cache_is_regenerated(tiny: MNIST1DDataModule, tmp_path: Path, c
     corrupt_inode = path.stat().st_ino
     with pytest.warns(UserWarning, match=re.escape(str(path))) as record:
         dm = MNIST1DDataModule(cache_dir=str(tmp_path), **TINY)
-    assert len(record) == 1 and "regenerated" in str(record[0].message)
+    assert len(record) == 1
+    assert "regenerated" in str(record[0].message)
     for split in ("train", "val", "test"):
         for got, want in zip(dm.dataset(split).tensors, tiny.dataset(split).tensors, strict=True):
             assert torch.equal(got, want)
@@ -264,7 +270,8 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("LIGHTNING_LOSSES_CACHE", str(tmp_path / "explicit"))
     assert default_cache_dir() == tmp_path / "explicit"
     dm = MNIST1DDataModule(num_samples=SMALL)
-    assert dm.cache_files[0].parent == tmp_path / "explicit" and dm.cache_files[0].is_file()
+    assert dm.cache_files[0].parent == tmp_path / "explicit"
+    assert dm.cache_files[0].is_file()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +378,8 @@ def test_fit_test_predict_one_epoch(small: MNIST1DDataModule, tmp_path: Path) ->
     trainer.fit(model, small)
     assert trainer.global_step == math.ceil(144 / 32)
     (results,) = trainer.test(model, small, verbose=False)
-    assert 0.0 <= results["test/acc"] <= 1.0 and math.isfinite(results["test/loss"])
+    assert 0.0 <= results["test/acc"] <= 1.0
+    assert math.isfinite(results["test/loss"])
     predictions = torch.cat(trainer.predict(model, small))
     assert predictions.shape == (40, 10)
     with torch.no_grad():

@@ -132,9 +132,12 @@ def reference_edge_bin(c: float, edges: list[float]) -> int:
 
 
 def midpoint_edges(p: Tensor, n_bins: int) -> tuple[list[float], float]:
-    """Edges ``[0, m_1 .. m_{B-1}, 1]``, ``m_k`` halfway between two sorted ``p`` near the
-    ``k/B`` quantile (so every bin holds samples), and the smallest distance of a ``p`` to an
-    inner edge (the margin within which ``p`` may move without changing bin)."""
+    """Bin edges halfway between sorted ``p`` near the quantiles, and the margin of ``p``.
+
+    The edges are ``[0, m_1 .. m_{B-1}, 1]``, ``m_k`` halfway between two sorted ``p`` near the
+    ``k/B`` quantile (so every bin holds samples); the margin is the smallest distance of a ``p``
+    to an inner edge (within it ``p`` may move without changing bin).
+    """
     values = sorted(set(p.tolist()))
     inner = []
     for k in range(1, n_bins):
@@ -189,7 +192,8 @@ def test_values_match_reference(shape: tuple[int, ...], ignore: bool) -> None:
         actual = adafocal_loss(
             logits, target, edges=t64(edges), gammas=t64(gammas), reduction=reduction
         )
-        assert actual.dtype == F64 and actual.shape == expected.shape
+        assert actual.dtype == F64
+        assert actual.shape == expected.shape
         torch.testing.assert_close(actual, expected, rtol=TIGHT, atol=1e-300)
 
 
@@ -261,7 +265,7 @@ def test_inverse_focal_value_and_gradient(p: float, gamma: float) -> None:
 
 
 def test_inverse_focal_signs_at_half() -> None:
-    """p = 0.5: gamma -1 pushes p_t up harder than cross-entropy, +1 less, -20 pushes it down."""
+    """At p = 0.5 gamma -1 pushes p_t up harder than cross-entropy, +1 less, -20 pushes it down."""
     grads = {}
     for gamma in (-20.0, -1.0, 0.0, 1.0):
         x = two_class_logits([0.5]).requires_grad_()
@@ -279,7 +283,7 @@ def test_inverse_focal_signs_at_half() -> None:
 
 
 def test_bin_lookup_at_exact_edges() -> None:
-    """p equal to an inner edge goes up; below e_1 is bin 0, at or above e_{B-1} the last."""
+    """A p equal to an inner edge goes up; below e_1 is bin 0, at or above e_{B-1} the last."""
     probs = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.95]
     logits = two_class_logits(probs)
     target = torch.zeros(len(probs), dtype=torch.long)
@@ -372,7 +376,8 @@ def test_float32_matches_float64_reference() -> None:
     x_ref = logits.double().requires_grad_()
     expected = reference_adafocal(x_ref, target, edges, gammas, reduction="none")
     expected.sum().backward()
-    assert loss.dtype == torch.float32 and x.grad.dtype == torch.float32
+    assert loss.dtype == torch.float32
+    assert x.grad.dtype == torch.float32
     # float32 rounding of p_t, relative ~1e-7, is raised to the power |g| <= 20.
     torch.testing.assert_close(loss.double(), expected.detach(), rtol=1e-5, atol=1e-6)
     scale = x_ref.grad.abs().max().item()
@@ -491,7 +496,8 @@ def test_update_defaults_equal_reference() -> None:
         ]
         gammas = adafocal_update(gammas, gaps)
         assert gammas == expected
-    assert gammas[0] == 20.0 and gammas[1] == -20.0
+    assert gammas[0] == 20.0
+    assert gammas[1] == -20.0
 
 
 def test_update_accepts_tensors() -> None:
@@ -576,8 +582,10 @@ def test_module_buffers_are_float64_state() -> None:
     criterion = AdaFocalLoss(num_bins=4)
     edges, gammas = custom_bins()
     criterion.set_bins(edges, gammas)
-    assert criterion.edges.dtype == F64 and criterion.gammas.dtype == F64
-    assert criterion.edges.tolist() == edges and criterion.gammas.tolist() == gammas
+    assert criterion.edges.dtype == F64
+    assert criterion.gammas.dtype == F64
+    assert criterion.edges.tolist() == edges
+    assert criterion.gammas.tolist() == gammas
     state = criterion.state_dict()
     assert set(state) == {"edges", "gammas"}
     buffer = io.BytesIO()
@@ -585,7 +593,8 @@ def test_module_buffers_are_float64_state() -> None:
     buffer.seek(0)
     restored = AdaFocalLoss(num_bins=4)
     restored.load_state_dict(torch.load(buffer))
-    assert restored.edges.tolist() == edges and restored.gammas.tolist() == gammas
+    assert restored.edges.tolist() == edges
+    assert restored.gammas.tolist() == gammas
     logits, target, _, _ = make_case((30, 3), seed=6, ignore=False)
     assert torch.equal(restored(logits, target), criterion(logits, target))
 
@@ -607,10 +616,13 @@ def test_module_casts_keep_bins_float64(cast) -> None:
     criterion.set_bins(edges, gammas)
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), criterion)
     cast(model)
-    assert criterion.edges.dtype == F64 and criterion.gammas.dtype == F64
-    assert criterion.edges.tolist() == edges and criterion.gammas.tolist() == gammas
+    assert criterion.edges.dtype == F64
+    assert criterion.gammas.dtype == F64
+    assert criterion.edges.tolist() == edges
+    assert criterion.gammas.tolist() == gammas
     state = model.state_dict()
-    assert state["1.edges"].dtype == F64 and state["1.gammas"].tolist() == gammas
+    assert state["1.edges"].dtype == F64
+    assert state["1.gammas"].tolist() == gammas
 
 
 def test_module_half_logits_use_float32_p() -> None:
@@ -699,7 +711,8 @@ def test_update_rejects_gaps_of_wrong_length() -> None:
 def test_registry_builds_adafocal() -> None:
     criterion = lightning_losses.get_loss("adafocal", num_bins=3)
     assert isinstance(criterion, AdaFocalLoss)
-    assert criterion.num_bins == 3 and criterion.edges.shape == (4,)
+    assert criterion.num_bins == 3
+    assert criterion.edges.shape == (4,)
     logits, target, _, _ = make_case((20, 4), seed=12, ignore=False)
     expected = focal_loss(logits, target, gamma=1.0)
     torch.testing.assert_close(criterion(logits, target), expected, rtol=TIGHT, atol=0.0)

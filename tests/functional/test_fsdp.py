@@ -100,8 +100,11 @@ class TinyChunkedModel(L.LightningModule):
 
 
 def full_tensors(model: TinyChunkedModel, *, grads: bool) -> dict[str, torch.Tensor]:
-    """Every parameter (or its gradient) whole, on the CPU: FSDP2's shards gathered, FSDP1's
-    flat parameters unsharded (a collective: every process calls it)."""
+    """Every parameter (or its gradient) whole, on the CPU.
+
+    FSDP2's shards are gathered, FSDP1's flat parameters unsharded (a collective: every process
+    calls it).
+    """
     strategy = model.trainer.strategy
     if type(strategy).__name__ == "FSDPStrategy":
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -166,8 +169,10 @@ def fit(strategy_name: str, out: str) -> None:
 
 
 def focal_mean(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Focal loss ``-(1 - p_t)^gamma log p_t`` (Lin et al., "Focal Loss for Dense Object
-    Detection"), the mean over the rows, written out in float64."""
+    """Focal loss ``-(1 - p_t)^gamma log p_t``, the mean over the rows, written out in float64.
+
+    The loss of Lin et al., "Focal Loss for Dense Object Detection".
+    """
     p = torch.softmax(logits, dim=1).gather(1, target[:, None]).squeeze(1)
     return (-((1 - p) ** GAMMA) * torch.log(p)).mean()
 

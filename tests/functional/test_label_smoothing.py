@@ -63,7 +63,8 @@ def test_matches_torch_values_and_gradients(shape, reduction, weighted, ignore_i
     }
     actual, actual_grad = value_and_grad(cross_entropy, x, t, **kwargs)
     expected, expected_grad = value_and_grad(F.cross_entropy, x, t, **kwargs)
-    assert actual.dtype == torch.float64 and actual.shape == expected.shape
+    assert actual.dtype == torch.float64
+    assert actual.shape == expected.shape
     torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(actual_grad, expected_grad, rtol=1e-12, atol=1e-12)
 
@@ -151,7 +152,8 @@ def test_zero_is_the_unsmoothed_path_bit_for_bit(shape, reduction, dtype):
             cross_entropy, x, t, weight=w, reduction=reduction, label_smoothing=eps
         )
         expected, expected_grad = value_and_grad(old, x, t, weight=w, reduction=reduction)
-        assert torch.equal(actual, expected) and actual.dtype == expected.dtype
+        assert torch.equal(actual, expected)
+        assert actual.dtype == expected.dtype
         assert torch.equal(actual_grad, expected_grad)
 
 
@@ -204,7 +206,8 @@ def test_module_default_and_description():
     described = describe_criterion(CrossEntropyLoss(label_smoothing=0.25))
     assert described["init_args"]["label_smoothing"] == 0.25
     rebuilt = LL.build_criterion(described)
-    assert isinstance(rebuilt, CrossEntropyLoss) and rebuilt.label_smoothing == 0.25
+    assert isinstance(rebuilt, CrossEntropyLoss)
+    assert rebuilt.label_smoothing == 0.25
 
 
 @pytest.mark.parametrize("name", ["SoftAccuracyLoss", "HardTruncatedLoss", "SoftTruncatedLoss"])

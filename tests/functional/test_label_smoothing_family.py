@@ -233,7 +233,8 @@ def test_half_inputs_are_computed_in_float32(dtype, shape):
     x, t = inputs(shape, seed=29, dtype=dtype)
     for fn, extra in ((LF.cross_entropy, {}), (LF.gamma_cross_entropy, {"gamma": 0.5})):
         actual, actual_grad = value_and_grad(fn, x, t, label_smoothing=0.1, **extra)
-        assert actual.dtype == torch.float32 and actual_grad.dtype == dtype
+        assert actual.dtype == torch.float32
+        assert actual_grad.dtype == dtype
         expected, expected_grad = value_and_grad(fn, x.double(), t, label_smoothing=0.1, **extra)
         torch.testing.assert_close(actual.double(), expected, rtol=1e-6, atol=1e-6)
         tol = 2 * torch.finfo(dtype).eps
@@ -400,7 +401,8 @@ def test_gamma_module_label_smoothing_attribute():
     described = describe_criterion(criterion)
     assert described["init_args"]["label_smoothing"] == 0.3
     rebuilt = LL.build_criterion(described)
-    assert isinstance(rebuilt, GammaCrossEntropyLoss) and rebuilt.label_smoothing == 0.3
+    assert isinstance(rebuilt, GammaCrossEntropyLoss)
+    assert rebuilt.label_smoothing == 0.3
     assert get_loss("gamma_ce", label_smoothing=0.2).label_smoothing == 0.2
     assert repr(GammaCrossEntropyLoss()) == (
         "GammaCrossEntropyLoss(gamma=0.5, threshold=0.0, reduction='mean')"

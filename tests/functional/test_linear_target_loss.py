@@ -279,7 +279,8 @@ def test_half_inputs(dtype, case):
     assert value.dtype == torch.float32  # computed and returned in float32
     torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-5)  # same float32 sums
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
-        assert grad.dtype == dtype and bool(grad.isfinite().all())
+        assert grad.dtype == dtype
+        assert bool(grad.isfinite().all())
         scale = ref_grad.abs().max()
         torch.testing.assert_close(grad.float() / scale, ref_grad / scale, rtol=0, atol=1e-2)
 
@@ -301,7 +302,8 @@ def test_half_matmul(dtype, reduction):
     assert value.dtype == torch.float32
     torch.testing.assert_close(value, ref_value, rtol=2e-2, atol=2e-2)
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
-        assert grad.dtype == dtype and bool(grad.isfinite().all())
+        assert grad.dtype == dtype
+        assert bool(grad.isfinite().all())
         scale = ref_grad.abs().max()
         torch.testing.assert_close(grad.float() / scale, ref_grad / scale, rtol=0, atol=2e-2)
     # float32 inputs: no effect
@@ -367,7 +369,9 @@ def test_frozen_weight_gets_no_gradient():
     weight = weight.detach()
     out = linear_target_loss(hidden, weight, target, loss="ce", bias=bias)
     out.backward()
-    assert hidden.grad is not None and bias.grad is not None and weight.grad is None
+    assert hidden.grad is not None
+    assert bias.grad is not None
+    assert weight.grad is None
 
 
 def test_upstream_gradient_scales_mean_and_sum():

@@ -861,7 +861,8 @@ def test_head_values_and_gradients(kind, margin, scale, with_target):
     fa, fr = leaf(features), leaf(features)
     wr = leaf(head.weight)
     if scale is None:
-        assert isinstance(head.scale, torch.Tensor) and head.scale.requires_grad
+        assert isinstance(head.scale, torch.Tensor)
+        assert head.scale.requires_grad
         sr = leaf(head.scale)
     else:
         sr = scale

@@ -50,14 +50,19 @@ def spoil(data, names):
 
 
 def rarely(odds=5):
-    """True about once in ``odds + 1`` draws (``st.booleans`` and small ``st.integers`` lean
-    towards their simplest values, which would make a rare event common)."""
+    """True about once in ``odds + 1`` draws.
+
+    ``st.booleans`` and small ``st.integers`` lean towards their simplest values, which would
+    make a rare event common.
+    """
     return st.sampled_from([False] * odds + [True])
 
 
 def draw_tensor(data, shape, low, high, dtype, *, spoiled=False, label="values"):
-    """A float tensor of ``shape`` in ``dtype`` with values in ``[low, high]``; spoiled: one
-    of them NaN or infinite."""
+    """A float tensor of ``shape`` in ``dtype`` with values in ``[low, high]``.
+
+    Spoiled: one of them NaN or infinite.
+    """
     n = math.prod(shape)
     values = data.draw(
         st.lists(st.floats(low, high, allow_nan=False), min_size=n, max_size=n), label=label
@@ -69,8 +74,10 @@ def draw_tensor(data, shape, low, high, dtype, *, spoiled=False, label="values")
 
 
 def draw_targets(data, shape, classes, *, spoiled=False, ignore=True):
-    """Class indices of ``shape`` in ``[0, classes)``, sometimes one ``IGNORE`` (with
-    ``ignore``); spoiled: one out of range (-1 or ``classes``)."""
+    """Class indices of ``shape`` in ``[0, classes)``, sometimes one ``IGNORE`` (with ``ignore``).
+
+    Spoiled: one out of range (-1 or ``classes``).
+    """
     n = math.prod(shape)
     values = data.draw(st.lists(st.integers(0, classes - 1), min_size=n, max_size=n))
     target = torch.tensor(values, dtype=torch.long).reshape(shape)
@@ -83,8 +90,7 @@ def draw_targets(data, shape, classes, *, spoiled=False, ignore=True):
 
 
 def draw_class_vector(data, classes, *, spoiled=False):
-    """``None`` or ``[C]`` weights in [0, 3]; spoiled: one of them negative, NaN or
-    infinite."""
+    """``None`` or ``[C]`` weights in [0, 3]; spoiled: one of them negative, NaN or infinite."""
     if not spoiled and data.draw(st.booleans(), label="no class vector?"):
         return None
     values = data.draw(st.lists(st.floats(0, 3), min_size=classes, max_size=classes))
@@ -124,15 +130,21 @@ def tolerance(dtype):
 
 
 def outcome(call, bad, reference, dtype, *, spoiled, tol=None, infinite_where_expected=False):
-    """Run ``call``: it must raise naming one of ``bad``, or (``bad`` empty) return a
-    non-negative value equal to ``reference()`` and finite (or, with
-    ``infinite_where_expected``, infinite exactly where the reference is)."""
+    """Run ``call``: it must raise naming one of ``bad``, or else match ``reference()``.
+
+    With ``bad`` empty it must return a non-negative value equal to ``reference()`` and finite
+    (or, with ``infinite_where_expected``, infinite exactly where the reference is).
+    """
     assert spoiled is None or spoiled in bad, (spoiled, bad)  # the test spoils what it means to
     try:
         result = call()
     except (ValueError, TypeError) as error:
-        assert bad, f"raised on valid input: {type(error).__name__}: {error}"
-        assert any(name in str(error) for name in bad), (str(error), bad)
+        raised = error
+    else:
+        raised = None
+    if raised is not None:
+        assert bad, f"raised on valid input: {type(raised).__name__}: {raised}"
+        assert any(name in str(raised) for name in bad), (str(raised), bad)
         event(f"raised: {sorted(bad)}")
         return
     event("compared")
@@ -305,8 +317,10 @@ def test_index_target_losses(data, name):
 
 
 def exact_log_p(x, t, sigma):
-    """``log P(argmax(x / sigma + e) = t)``, e ~ N(0, I), per row: the closed form for two
-    classes, a dense rectangle rule in log space for more."""
+    """``log P(argmax(x / sigma + e) = t)``, e ~ N(0, I), per row.
+
+    The closed form for two classes, a dense rectangle rule in log space for more.
+    """
     rows = []
     for row, target in zip(x.double(), t.tolist(), strict=True):
         d = (row[target] - row) / sigma
@@ -467,8 +481,11 @@ def test_multilabel_categorical_crossentropy(data):
 
 
 def nm_reference(s, t, variant, reduction):
-    """Per sample ``sum_j log(1 + sum_i sum_{k != j} t_ij e^{s_ik - s_ij})`` (pairwise) or
-    ``sum_j log(1 + sum_i t_ij e^{mean_k s_ik - s_ij})`` (centered), summed term by term."""
+    """The pairwise or centered loss per sample, summed term by term.
+
+    Pairwise: ``sum_j log(1 + sum_i sum_{k != j} t_ij e^{s_ik - s_ij})``; centered:
+    ``sum_j log(1 + sum_i t_ij e^{mean_k s_ik - s_ij})``.
+    """
     s = s.double()
     batch, tasks, m = s.shape
     t = F.one_hot(t.long(), m).double() if not t.is_floating_point() else t.double()
@@ -652,10 +669,12 @@ def test_linear_target_loss(data, loss):
 
 
 def adafocal_reference(x, t, edges, gammas, reduction):
-    """AdaFocal as its authors' code writes it, in float64: the bin of ``p_t`` by a loop over
-    the bins (first ``p < e_1``, last ``p >= e_{B-1}``, else ``e_k <= p < e_{k+1}``), then
-    ``-(1 - sign(g) p + 1e-20)^|g| log p``. ``p_t`` for the lookup is taken in the loss's
-    compute dtype (float32 below float64), as the loss sees it."""
+    """AdaFocal as its authors' code writes it, in float64.
+
+    The bin of ``p_t`` by a loop over the bins (first ``p < e_1``, last ``p >= e_{B-1}``, else
+    ``e_k <= p < e_{k+1}``), then ``-(1 - sign(g) p + 1e-20)^|g| log p``. ``p_t`` for the
+    lookup is taken in the loss's compute dtype (float32 below float64), as the loss sees it.
+    """
     flat_x = x.movedim(1, -1).reshape(-1, x.shape[1])
     flat_t = t.reshape(-1).long()
     keep = flat_t != IGNORE
@@ -739,9 +758,12 @@ def test_every_public_loss_has_a_property():
 
 
 def draw_preds(data, task, input_format, dtype, spoiled):
-    """Preds and targets of ``task``. Spoiled preds: a NaN or infinite logit; a probability
-    out of [0, 1] or NaN; a multiclass row that is no distribution. Spoiled target: a class out
-    of range, or a label that is neither 0 nor 1."""
+    """Preds and targets of ``task``.
+
+    Spoiled preds: a NaN or infinite logit; a probability out of [0, 1] or NaN; a multiclass row
+    that is no distribution. Spoiled target: a class out of range, or a label that is neither 0
+    nor 1.
+    """
     n = data.draw(st.integers(1, 6), label="n")
     classes = data.draw(st.integers(2, 4), label="classes")
     shape = (n,) if task == "binary" else (n, classes)
@@ -800,9 +822,11 @@ def probabilities(preds, task, input_format):
 
 
 def top_label(preds, target, task, input_format):
-    """(confidence, correct) per decision as the binned metrics see them: multiclass top label
-    (first arg-max), binary and multi-label positive class; confidences of probabilities keep
-    their dtype's values."""
+    """(confidence, correct) per decision as the binned metrics see them.
+
+    Multiclass: the top label (first arg-max); binary and multi-label: the positive class.
+    Confidences of probabilities keep their dtype's values.
+    """
     if task == "multiclass":
         probs = probabilities(preds, task, input_format)
         confidence, correct = [], []
@@ -850,82 +874,121 @@ def error_from_bins(count, conf_sum, correct_sum, norm):
 
 
 def assume_no_edge(confidence, edges, input_format, dtype):
-    """Confidences from float32 (or half) logits carry float32 rounding: keep them off the
-    edges, where the bin would depend on it."""
+    """Keep confidences from float32 (or half) logits off the bin edges.
+
+    They carry float32 rounding, and at an edge the bin would depend on it.
+    """
     if input_format == "logits" and dtype != torch.float64:
         assume(all(abs(c - e) > 1e-6 for c in confidence.tolist() for e in edges))
 
 
-def calibration_reference(name, preds, target, task, input_format, n_bins, norm):
+def _confidence_and_correct_reference(preds, target, task, input_format, n_bins, norm):
+    return torch.stack(top_label(preds, target, task, input_format))
+
+
+def _calibration_error_reference(preds, target, task, input_format, n_bins, norm):
     dtype = preds.dtype
-    if name == "confidence_and_correct":
-        return torch.stack(top_label(preds, target, task, input_format))
-    if name == "calibration_error":
-        confidence, correct = top_label(preds, target, task, input_format)
-        edge_dtype = dtype if input_format == "probs" else torch.float64
-        edges = edges_of(edge_dtype, n_bins)
-        assume_no_edge(confidence, edges, input_format, dtype)
-        return torch.tensor(binned_error(confidence, correct, edges, n_bins, norm))
-    if name == "adaptive_calibration_error":
-        confidence, correct = top_label(preds, target, task, input_format)
-        if input_format == "logits" and dtype != torch.float64:
-            c = sorted(confidence.tolist())
-            assume(all(b - a == 0 or b - a > 1e-6 for a, b in itertools.pairwise(c)))
-        pairs = sorted(zip(confidence.tolist(), correct.tolist(), strict=True))
-        n = len(pairs)
-        count, conf_sum, correct_sum = [0.0] * n_bins, [0.0] * n_bins, [0.0] * n_bins
-        for position, (c, a) in enumerate(pairs):
-            b = ((position + 1) * n_bins - 1) // n
-            count[b] += 1
-            conf_sum[b] += c
-            correct_sum[b] += a
-        return torch.tensor(error_from_bins(count, conf_sum, correct_sum, norm))
-    if name == "classwise_calibration_error":
-        if task == "multiclass":
-            probs = probabilities(preds, task, input_format)
-            labels = F.one_hot(target.long(), probs.shape[1]).double()
-            probs = probs if input_format == "logits" else preds  # as given, in their dtype
-        else:
-            p = preds if input_format == "probs" else torch.sigmoid(preds.double())
-            y = target.double()
-            probs = torch.stack([1 - p, p], 1) if task == "binary" else p
-            labels = torch.stack([1 - y, y], 1) if task == "binary" else y
-        edges = edges_of(probs.dtype, n_bins)
-        per_class = [
-            binned_error(probs[:, c].double(), labels[:, c], edges, n_bins, norm)
-            for c in range(probs.shape[1])
-        ]
-        return torch.tensor(sum(per_class) / len(per_class))
+    confidence, correct = top_label(preds, target, task, input_format)
+    edge_dtype = dtype if input_format == "probs" else torch.float64
+    edges = edges_of(edge_dtype, n_bins)
+    assume_no_edge(confidence, edges, input_format, dtype)
+    return torch.tensor(binned_error(confidence, correct, edges, n_bins, norm))
+
+
+def _adaptive_calibration_error_reference(preds, target, task, input_format, n_bins, norm):
+    dtype = preds.dtype
+    confidence, correct = top_label(preds, target, task, input_format)
+    if input_format == "logits" and dtype != torch.float64:
+        c = sorted(confidence.tolist())
+        assume(all(b - a == 0 or b - a > 1e-6 for a, b in itertools.pairwise(c)))
+    pairs = sorted(zip(confidence.tolist(), correct.tolist(), strict=True))
+    n = len(pairs)
+    count, conf_sum, correct_sum = [0.0] * n_bins, [0.0] * n_bins, [0.0] * n_bins
+    for position, (c, a) in enumerate(pairs):
+        b = ((position + 1) * n_bins - 1) // n
+        count[b] += 1
+        conf_sum[b] += c
+        correct_sum[b] += a
+    return torch.tensor(error_from_bins(count, conf_sum, correct_sum, norm))
+
+
+def _classwise_calibration_error_reference(preds, target, task, input_format, n_bins, norm):
+    if task == "multiclass":
+        probs = probabilities(preds, task, input_format)
+        labels = F.one_hot(target.long(), probs.shape[1]).double()
+        probs = probs if input_format == "logits" else preds  # as given, in their dtype
+    else:
+        p = preds if input_format == "probs" else torch.sigmoid(preds.double())
+        y = target.double()
+        probs = torch.stack([1 - p, p], 1) if task == "binary" else p
+        labels = torch.stack([1 - y, y], 1) if task == "binary" else y
+    edges = edges_of(probs.dtype, n_bins)
+    per_class = [
+        binned_error(probs[:, c].double(), labels[:, c], edges, n_bins, norm)
+        for c in range(probs.shape[1])
+    ]
+    return torch.tensor(sum(per_class) / len(per_class))
+
+
+def _brier_score_reference(preds, target, task, input_format, n_bins, norm):
     probs = probabilities(preds, task, input_format)
     y = target.double()
-    if name == "brier_score":
-        if task == "multiclass":
-            onehot = F.one_hot(target.long(), probs.shape[1]).double()
-            return ((probs - onehot) ** 2).sum(1).mean()
-        return ((probs - y) ** 2).mean()
-    if name == "negative_log_likelihood":
-        if task == "multiclass":
-            if input_format == "logits":
-                log_probs = preds.double() - torch.logsumexp(preds.double(), 1, keepdim=True)
-                return -log_probs.gather(1, target.long()[:, None]).mean()
-            return -torch.log(probs.gather(1, target.long()[:, None])).mean()
+    if task == "multiclass":
+        onehot = F.one_hot(target.long(), probs.shape[1]).double()
+        return ((probs - onehot) ** 2).sum(1).mean()
+    return ((probs - y) ** 2).mean()
+
+
+def _negative_log_likelihood_reference(preds, target, task, input_format, n_bins, norm):
+    probs = probabilities(preds, task, input_format)
+    y = target.double()
+    if task == "multiclass":
         if input_format == "logits":
-            x = preds.double()
-            return (y * -F.logsigmoid(x) + (1 - y) * -F.logsigmoid(-x)).mean()
-        terms = [
-            -(math.log(p) if label else math.log1p(-p)) if (p if label else 1 - p) > 0 else math.inf
-            for p, label in zip(probs.reshape(-1).tolist(), y.reshape(-1).tolist(), strict=True)
-        ]
-        return torch.tensor(sum(terms) / len(terms))
-    if name == "accuracy":
-        if task == "multiclass":
-            return top_label(preds, target, task, input_format)[1].mean()
-        decision = (preds.double() > 0) if input_format == "logits" else (probs > 0.5)
-        return (decision.double() == y).double().mean()
-    assert name == "mean_confidence"
+            log_probs = preds.double() - torch.logsumexp(preds.double(), 1, keepdim=True)
+            return -log_probs.gather(1, target.long()[:, None]).mean()
+        return -torch.log(probs.gather(1, target.long()[:, None])).mean()
+    if input_format == "logits":
+        x = preds.double()
+        return (y * -F.logsigmoid(x) + (1 - y) * -F.logsigmoid(-x)).mean()
+    terms = [
+        -(math.log(p) if label else math.log1p(-p)) if (p if label else 1 - p) > 0 else math.inf
+        for p, label in zip(probs.reshape(-1).tolist(), y.reshape(-1).tolist(), strict=True)
+    ]
+    return torch.tensor(sum(terms) / len(terms))
+
+
+def _accuracy_reference(preds, target, task, input_format, n_bins, norm):
+    probs = probabilities(preds, task, input_format)
+    y = target.double()
+    if task == "multiclass":
+        return top_label(preds, target, task, input_format)[1].mean()
+    decision = (preds.double() > 0) if input_format == "logits" else (probs > 0.5)
+    return (decision.double() == y).double().mean()
+
+
+def _mean_confidence_reference(preds, target, task, input_format, n_bins, norm):
+    probs = probabilities(preds, task, input_format)
     if task == "multiclass":
         return top_label(preds, target, task, input_format)[0].mean()
     return torch.maximum(probs, 1 - probs).mean()
+
+
+#: The float64 reference of each calibration function, by the function's name.
+CALIBRATION_REFERENCES = {
+    "confidence_and_correct": _confidence_and_correct_reference,
+    "calibration_error": _calibration_error_reference,
+    "adaptive_calibration_error": _adaptive_calibration_error_reference,
+    "classwise_calibration_error": _classwise_calibration_error_reference,
+    "brier_score": _brier_score_reference,
+    "negative_log_likelihood": _negative_log_likelihood_reference,
+    "accuracy": _accuracy_reference,
+    "mean_confidence": _mean_confidence_reference,
+}
+
+
+def calibration_reference(name, preds, target, task, input_format, n_bins, norm):
+    """The reference value of the calibration function ``name`` (one helper per function)."""
+    return CALIBRATION_REFERENCES[name](preds, target, task, input_format, n_bins, norm)
 
 
 CALIBRATION_FUNCTIONS = [

@@ -477,7 +477,8 @@ def test_threshold_gradient_is_max_b_w_times_cross_entropy_gradient():
     ce_grad = torch.softmax(x, 1) - F.one_hot(t, 5).double()
     assert_close(grad_of(value.sum(), xa), w[:, None] * ce_grad)
     # the inputs exercise both sides of the max
-    assert (w == b).any() and (w > b).any()
+    assert (w == b).any()
+    assert (w > b).any()
 
 
 def test_hard_truncation_margin_one_is_cross_entropy_and_zero_margin_is_zero():

@@ -397,7 +397,8 @@ def test_all_ignored_half_and_float(dtype):
     t = torch.full((5,), -100)
     value = focal_loss(x, t, gamma=0.5)
     (grad,) = torch.autograd.grad(value, x)
-    assert value.item() == 0.0 and torch.all(grad == 0)
+    assert value.item() == 0.0
+    assert torch.all(grad == 0)
 
 
 def test_multilabel_row_all_ignored():
@@ -497,7 +498,7 @@ def test_normface_min_scale_bad_arguments(c, p):
 
 @pytest.mark.parametrize("name", ["Focal", "focal_loss", "", "cross_entropy", "xent"])
 def test_unknown_loss_name(name):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="unknown loss name") as info:
         get_loss(name)
     message = str(info.value)
     assert repr(name) in message or f'"{name}"' in message
@@ -526,7 +527,8 @@ def test_negative_or_non_finite_class_weight(fn, name, bad, as_tensor):
     vector = [1.0, bad, 0.5, 2.0]
     with pytest.raises(ValueError, match=rf"{name} must hold finite weights >= 0") as info:
         fn(x, t, **{name: torch.tensor(vector) if as_tensor else vector})
-    assert "class 1" in str(info.value) and repr(bad) in str(info.value)
+    assert "class 1" in str(info.value)
+    assert repr(bad) in str(info.value)
 
 
 def test_negative_weight_example_from_the_issue():
@@ -629,7 +631,8 @@ def test_nm_soft_labels_must_sum_to_one_per_task(variant):
     bad[1, 0] = torch.tensor([0.2, 0.2, 0.2, 0.2], dtype=torch.float64)  # sums to 0.8
     with pytest.raises(ValueError, match="target must hold probabilities that sum to 1") as info:
         nm_categorical_crossentropy(s, bad, variant=variant)
-    assert "0.8" in str(info.value) and "[1, 0]" in str(info.value)
+    assert "0.8" in str(info.value)
+    assert "[1, 0]" in str(info.value)
     # skipped with validate_args=False (the formula is then applied to the labels as given)
     assert torch.isfinite(nm_categorical_crossentropy(s, bad, variant=variant, validate_args=False))
 
@@ -651,13 +654,15 @@ def test_nm_soft_label_sum_tolerance(dtype, tolerance):
 
 
 def assert_device_error(call, name, other):
-    """The call raises ValueError naming both tensors and both devices (meta stands in for
-    an accelerator: no GPU is needed to put a tensor on another device)."""
-    with pytest.raises(ValueError) as info:
+    """The call raises ValueError naming both tensors and both devices.
+
+    Meta stands in for an accelerator: no GPU is needed to put a tensor on another device.
+    """
+    with pytest.raises(ValueError, match="one device") as info:
         call()
     message = str(info.value)
-    assert f"{name} is on meta" in message and f"{other} is on cpu" in message, message
-    assert "one device" in message
+    assert f"{name} is on meta" in message, message
+    assert f"{other} is on cpu" in message, message
 
 
 @pytest.mark.parametrize("fn", INDEX_LOSSES)

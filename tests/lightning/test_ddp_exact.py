@@ -116,7 +116,7 @@ def test_ddp_fit_and_test_log_one_run(ddp_run):
     assert len(runs) == 1
 
 
-@pytest.mark.parametrize("stage, split", [("val", "val"), ("test", "test")])
+@pytest.mark.parametrize(("stage", "split"), [("val", "val"), ("test", "test")])
 @pytest.mark.slow
 def test_every_ddp_metric_equals_the_single_process_value(ddp_run, stage, split):
     client, [run], model = ddp_run

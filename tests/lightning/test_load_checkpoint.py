@@ -79,7 +79,8 @@ def test_same_criterion_gets_its_saved_state_back(focal_checkpoint):
     assert "criterion.alpha" in saved["state_dict"]  # the focal loss's state is in the file
     model = load(path)
     assert_saved_weights(model, saved)
-    assert type(model.criterion).__name__ == "FocalLoss" and model.criterion.gamma == 2.0
+    assert type(model.criterion).__name__ == "FocalLoss"
+    assert model.criterion.gamma == 2.0
     assert torch.equal(model.criterion.alpha, saved["state_dict"]["criterion.alpha"])
     assert torch.allclose(model.criterion.alpha, torch.tensor(ALPHA))
 

@@ -193,8 +193,11 @@ def test_a_logger_off_global_rank_zero_creates_no_store(name, tmp_path, monkeypa
 def test_a_logger_built_off_rank_zero_opens_the_store_if_used_on_rank_zero(
     multinode, tmp_path, monkeypatch
 ):
-    """A logger built with a non-zero rank variable and then used by rank 0 (a notebook with a
-    stray ``NODE_RANK``) builds its client on first use and logs into the store."""
+    """A logger built off rank 0 and then used by rank 0 logs into the store.
+
+    Built with a non-zero rank variable (a notebook with a stray ``NODE_RANK``), it builds its
+    client on first use.
+    """
     folder, client, _, _ = multinode
     uri = f"sqlite:///{folder / 'node0'}/mlflow.db"
     monkeypatch.setenv("NODE_RANK", "1")

@@ -40,7 +40,8 @@ def test_tokenizer_round_trip_and_unknown_words():
     assert tokenizer.decode(tokenizer.encode(text)) == "hello world , again !"
     assert tokenizer.decode(tokenizer.encode(text)) == " ".join(tokenizer.tokenize(text))
     ids = tokenizer.encode("Hello unseen-word")
-    assert ids[1] == tokenizer.unk_id and ids[0] != tokenizer.unk_id
+    assert ids[1] == tokenizer.unk_id
+    assert ids[0] != tokenizer.unk_id
     assert tokenizer.decode(ids) == "hello <unk> <unk> <unk>"  # "-" unseen too
     assert tokenizer.encode("hi", eos=True)[-1] == tokenizer.eos_id
 
@@ -67,7 +68,8 @@ def test_windows_are_next_token_pairs():
     windows = TokenWindows(torch.arange(23), context_length=5)
     assert len(windows) == 4
     x, y = windows[3]
-    assert x.tolist() == [15, 16, 17, 18, 19] and y.tolist() == [16, 17, 18, 19, 20]
+    assert x.tolist() == [15, 16, 17, 18, 19]
+    assert y.tolist() == [16, 17, 18, 19, 20]
     with pytest.raises(IndexError):
         windows[4]
     assert len(TokenWindows(torch.arange(3), context_length=5)) == 0
@@ -76,8 +78,10 @@ def test_windows_are_next_token_pairs():
 def test_split_is_by_sorted_topic_and_seeded():
     names = list(load_topics())
     train, val = split_topics(names, 0.1, seed=0)
-    assert sorted(train + val) == sorted(names) and not set(train) & set(val)
-    assert train == sorted(train) and len(val) == round(0.1 * len(names))
+    assert sorted(train + val) == sorted(names)
+    assert not set(train) & set(val)
+    assert train == sorted(train)
+    assert len(val) == round(0.1 * len(names))
     assert split_topics(reversed(names), 0.1, seed=0) == (train, val)
     assert split_topics(names, 0.1, seed=1) != (train, val)
 
@@ -89,7 +93,8 @@ def test_datamodule(datamodule):
     assert fitted.vocabulary[: datamodule.vocab_size] == datamodule.tokenizer.vocabulary
     assert datamodule.tokenizer.unk_id in datamodule.tokenizer.encode(val_text)  # unseen words
     x, y = next(iter(datamodule.train_dataloader()))
-    assert x.shape == y.shape == (8, 16) and x.dtype == torch.long
+    assert x.shape == y.shape == (8, 16)
+    assert x.dtype == torch.long
     assert int(x.max()) < datamodule.vocab_size
     assert len(datamodule.dataset("val")) > 10
 
@@ -150,7 +155,8 @@ def test_criterion_forms():
         d_model=8,
         n_heads=2,
     )
-    assert isinstance(model.criterion, LinearTargetLoss) and model.criterion.gamma == 0.5
+    assert isinstance(model.criterion, LinearTargetLoss)
+    assert model.criterion.gamma == 0.5
     criterion = LinearTargetLoss("focal", gamma=1.0)
     model = TinyLanguageModel(criterion, vocab_size=10, d_model=8, n_heads=2)
     assert model.criterion is criterion
@@ -182,9 +188,12 @@ def test_tiny_fit_with_gamma_annealing_logs_perplexity_and_ece(datamodule, tmp_p
     assert model.criterion.gamma == pytest.approx(0.5 * 5 / 6)  # set before the last step
     ppl, nll, ece = (float(metrics[f"val/{name}"]) for name in ("ppl", "nll", "ece"))
     assert math.isclose(ppl, math.exp(nll), rel_tol=1e-5)
-    assert ppl > 1.0 and ppl < 2 * datamodule.vocab_size  # better than twice uniform guessing
-    assert ece >= 0.0 and ece <= 1.0
-    assert "criterion/gamma" in metrics and "val/acc" in metrics
+    assert ppl > 1.0
+    assert ppl < 2 * datamodule.vocab_size  # better than twice uniform guessing
+    assert ece >= 0.0
+    assert ece <= 1.0
+    assert "criterion/gamma" in metrics
+    assert "val/acc" in metrics
     path = tmp_path / "lm.ckpt"
     trainer.save_checkpoint(path)
     torch.load(path, weights_only=True)  # hyper-parameters are plain values

@@ -60,7 +60,8 @@ def module_names() -> list[str]:
 
 def test_every_module_imports_first_in_a_fresh_process() -> None:
     names = module_names()
-    assert "lightning_losses.reproduce.runner" in names and len(names) > 50
+    assert "lightning_losses.reproduce.runner" in names
+    assert len(names) > 50
     result = subprocess.run(
         [sys.executable, "-c", CHILD, *names], capture_output=True, text=True, timeout=600
     )

@@ -43,10 +43,10 @@ MLFLOW_PORT = 5000  # `mlflow ui`'s default, what the README's line serves on
 
 
 def command_lines(markdown: str) -> list[str]:
-    """The lines of the ```` ```bash ```` blocks of ``markdown``, in order, comments dropped.
+    r"""The lines of the ```` ```bash ```` blocks of ``markdown``, in order, comments dropped.
 
     Example:
-        >>> command_lines("x\\n```bash\\nls -l   # list\\n\\n# note\\n```\\n```python\\nx\\n```\\n")
+        >>> command_lines("x\n```bash\nls -l   # list\n\n# note\n```\n```python\nx\n```\n")
         ['ls -l   # list']
     """
     lines = []

@@ -96,8 +96,10 @@ def test_a_difference_within_the_seed_noise_is_undecided_with_the_seeds_it_needs
     assert (condition.decision.low, condition.decision.high) == pytest.approx((low, high))
     reference = scipy_stats.ttest_rel(ece, CE["rep/test_ece"]).confidence_interval(0.95)
     assert (low, high) == pytest.approx((reference.low, reference.high))
-    assert condition.difference == pytest.approx(diffs.mean()) and low < 0 < high
-    assert condition.outcome == UNDECIDED and not condition.holds
+    assert condition.difference == pytest.approx(diffs.mean())
+    assert low < 0 < high
+    assert condition.outcome == UNDECIDED
+    assert not condition.holds
     k = seeds_to_decide(diffs, 0.0)
     assert condition.decision.seeds_needed == k
     assert condition.describe().endswith(f"-> undecided (needs ~{k} seeds)")
@@ -126,21 +128,24 @@ def test_a_claim_of_no_difference_needs_equivalence_within_its_margin() -> None:
     # No difference detected is not equivalence: the 90% interval reaches past -0.01.
     noisy = about_the_same([0.93, 0.97, 0.93])
     d = np.array([0.93, 0.97, 0.93]) - np.array(CE["rep/test_acc"])
-    assert t_ci(d)[0] < 0 < t_ci(d)[1] and t_ci(d, 0.90)[0] < -0.01
-    assert noisy.outcome == UNDECIDED and not noisy.holds
+    assert t_ci(d)[0] < 0 < t_ci(d)[1]
+    assert t_ci(d, 0.90)[0] < -0.01
+    assert noisy.outcome == UNDECIDED
+    assert not noisy.holds
     assert noisy.decision.seeds_needed == seeds_to_decide(d, 0.01)
     # Inside (-0.01, 0.01) by two one-sided tests; ">=" needs only the low side (non-inferiority).
     close = [0.951, 0.958, 0.941]
     d = np.array(close) - np.array(CE["rep/test_acc"])
     low, high = t_ci(d, 0.90)
-    assert -0.01 < low and high < 0.01
+    assert -0.01 < low
+    assert high < 0.01
     equivalent = about_the_same(close)
     described = equivalent.describe()
-    assert equivalent.holds and described.endswith(
-        "-> holds: not below by more than 0.01 (one-sided t, 5%)"
-    )
+    assert equivalent.holds
+    assert described.endswith("-> holds: not below by more than 0.01 (one-sided t, 5%)")
     clearly_worse = about_the_same([0.90, 0.91, 0.89])
-    assert clearly_worse.outcome == "fails" and not clearly_worse.holds
+    assert clearly_worse.outcome == "fails"
+    assert not clearly_worse.holds
     # "~" (about the same) needs its margin.
     with pytest.raises(ValueError, match="needs an equivalence margin"):
         compare(_table(CE, {"rep/test_acc": close}), "a ~ b", "gamma_0.5", "~", "ce", "a")
@@ -154,10 +159,12 @@ def test_against_a_constant_uses_students_t_for_the_number_of_seeds() -> None:
     assert (condition.decision.low, condition.decision.high) == pytest.approx(
         (reference.low - 0.9, reference.high - 0.9)
     )
-    assert reference.low < 0.9 and condition.outcome == UNDECIDED  # 2 SE (0.023) would hold
+    assert reference.low < 0.9
+    assert condition.outcome == UNDECIDED  # 2 SE (0.023) would hold
     five = [0.91, 0.95, 0.93, 0.92, 0.94]
     held = against({"v": {"m": mean_std(five)}}, "m >= 0.9", "v", "m", ">=", 0.9)
-    assert scipy_stats.ttest_1samp(five, 0.9).confidence_interval(0.95).low > 0.9 and held.holds
+    assert scipy_stats.ttest_1samp(five, 0.9).confidence_interval(0.95).low > 0.9
+    assert held.holds
 
 
 def test_verdict_missing_numbers_never_support() -> None:
@@ -183,7 +190,8 @@ def test_a_claim_is_undecided_only_while_no_condition_holds_against_one_that_fai
     holds, fails = Condition("h", 1.0, "<", 2.0), Condition("f", 3.0, "<", 2.0)
     table = _table(CE, {"rep/test_ece": [0.02, 0.07, 0.03]})
     open_ = compare(table, "u", "gamma_0.5", "<", "ce", "rep/test_ece")
-    assert verdict([holds, open_]) == UNDECIDED and verdict([fails, open_]) == UNDECIDED
+    assert verdict([holds, open_]) == UNDECIDED
+    assert verdict([fails, open_]) == UNDECIDED
     assert verdict([holds, fails, open_]) == MIXED
     one_seed = _table({"rep/test_ece": [0.05]}, {"rep/test_ece": [0.02]})
     single = compare(one_seed, "u", "gamma_0.5", "<", "ce", "rep/test_ece")
@@ -195,12 +203,15 @@ def test_aggregate_pairs_values_by_seed_when_a_run_is_missing() -> None:
     metrics = {"a0": {"m": 1.0}, "a1": {"m": 5.0}, "a2": {"m": 3.0}}
     metrics |= {"b0": {"m": 0.0}, "b2": {"m": 2.0}}
     table = aggregate(runs, metrics, ["m"])
-    assert table["b"]["m"].values[0] == 0.0 and math.isnan(table["b"]["m"].values[1])
+    assert table["b"]["m"].values[0] == 0.0
+    assert math.isnan(table["b"]["m"].values[1])
     assert table["b"]["m"][:3] == (1.0, pytest.approx(math.sqrt(2)), 2)
     # pairs (1, 0) and (3, 2): differences 1 and 1, no noise
     condition = compare(table, "a > b", "a", ">", "b", "m")
-    assert condition.decision.n == 2 and condition.difference == 1.0
-    assert (condition.decision.low, condition.decision.high) == (1.0, 1.0) and condition.holds
+    assert condition.decision.n == 2
+    assert condition.difference == 1.0
+    assert (condition.decision.low, condition.decision.high) == (1.0, 1.0)
+    assert condition.holds
     assert (condition.left, condition.right) == (3.0, 1.0)  # the means shown beside it
 
 
@@ -224,8 +235,10 @@ def test_claim5_best_fixed_scale_comes_from_the_table() -> None:
     nll, acc, *_ = scale_conditions(table)
     assert "normface_s16" in nll.text
     assert (nll.left, nll.right) == pytest.approx((1.4 + 0.002 / 3, 0.1 + 0.002 / 3))
-    assert "normface_s4" in acc.text and acc.difference == pytest.approx(0.5 - 0.97)
-    assert nll.holds and acc.holds
+    assert "normface_s4" in acc.text
+    assert acc.difference == pytest.approx(0.5 - 0.97)
+    assert nll.holds
+    assert acc.holds
 
 
 # --- experiment files -----------------------------------------------------------------------------
@@ -278,8 +291,10 @@ def test_variant_fingerprint_follows_the_config_text_and_the_overrides(tmp_path)
 
 def test_claim4_runs_at_least_ten_seeds() -> None:
     # its test split holds about 17 positives: 3 seeds cannot separate the losses
-    assert CLAIMS[4].seeds(3) == 10 and CLAIMS[4].seeds(12) == 12
-    assert CLAIMS[3].seeds(3) == 3 and CLAIMS[1].seeds(3) == 3
+    assert CLAIMS[4].seeds(3) == 10
+    assert CLAIMS[4].seeds(12) == 12
+    assert CLAIMS[3].seeds(3) == 3
+    assert CLAIMS[1].seeds(3) == 3
 
 
 def test_experiment_file_errors(tmp_path) -> None:
@@ -366,7 +381,9 @@ def test_claim3_end_to_end_and_reuse(tmp_path, monkeypatch) -> None:
     out = tmp_path / "reports"
     report = reproduce([3], seeds=1, out=out, tracking_uri=uri, scale=0.07)
     text = report.read_text()
-    assert "## Claim 3" in text and "**Verdict: " in text and "![" in text
+    assert "## Claim 3" in text
+    assert "**Verdict: " in text
+    assert "![" in text
     client = MlflowClient(tracking_uri=uri)
     ids = _run_ids(client, CLAIM_3.experiment)
     assert len(ids) == len(CLAIM_3.variants)
@@ -429,7 +446,8 @@ def test_a_fingerprint_that_reads_as_a_number_is_still_reused(tmp_path, monkeypa
     first, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
     assert not reused
     again, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
-    assert reused and again == first
+    assert reused
+    assert again == first
 
 
 def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -> None:
@@ -456,7 +474,8 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch) -
     (failure,) = result.failures
     assert failure.startswith("bad seed 0: SystemExit")
     text = "\n".join(claim_markdown(result))
-    assert "**Failed runs**" in text and "- bad seed 0: SystemExit" in text
+    assert "**Failed runs**" in text
+    assert "- bad seed 0: SystemExit" in text
     assert result.verdict == SUPPORTED  # decided on the run that exists
 
 
@@ -503,7 +522,8 @@ def test_jobs_run_fits_in_worker_processes_into_a_new_store(tmp_path, monkeypatc
     )
     uri = f"sqlite:///{tmp_path}/fresh.db"
     runs, reused, failures = run_claim(claim, 2, 1.0, uri, tmp_path, jobs=2)
-    assert failures == [] and reused == 0
+    assert failures == []
+    assert reused == 0
     assert sorted(runs) == [("ce", 0), ("ce", 1), ("focal", 0), ("focal", 1)]
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(claim.experiment)

@@ -101,7 +101,8 @@ def test_benchmark_is_supported_when_every_model_is_equivalent_to_the_published_
     for condition, (name, published) in zip(conditions, PUBLISHED_ACCURACY.items(), strict=False):
         d = np.array(rows[name]["rep/published_test_acc"]) - published
         assert tost(d, PUBLISHED_TOLERANCE)  # the reference says equivalent, and so do we
-        assert condition.margin == PUBLISHED_TOLERANCE and condition.holds
+        assert condition.margin == PUBLISHED_TOLERANCE
+        assert condition.holds
         assert (condition.decision.low, condition.decision.high) == pytest.approx(t_ci(d))
         assert condition.describe().endswith(f"-> holds: equivalent within ±{PUBLISHED_TOLERANCE}")
 
@@ -119,10 +120,12 @@ def test_benchmark_says_undecided_with_the_seeds_it_needs():
     conditions = benchmark_conditions(table_of(rows))
     d = np.array(rows["mlp"]["rep/published_test_acc"]) - PUBLISHED_ACCURACY["mlp"]
     low, high = t_ci(d)
-    assert low < 0 < high and not tost(d, PUBLISHED_TOLERANCE)  # neither different nor equal
+    assert low < 0 < high
+    assert not tost(d, PUBLISHED_TOLERANCE)  # neither different nor equal
     k = seeds_to_decide(d, PUBLISHED_TOLERANCE)
     mlp = conditions[1]
-    assert mlp.outcome == "undecided" and mlp.decision.seeds_needed == k
+    assert mlp.outcome == "undecided"
+    assert mlp.decision.seeds_needed == k
     assert mlp.describe().endswith(f"-> undecided (needs ~{k} seeds)")
     assert verdict_text(conditions) == f"undecided (needs ~{k} seeds)"
 
@@ -133,11 +136,13 @@ def test_the_cnn_overfits_by_its_median_training_nll_over_the_seeds():
     rows = benchmark_rows([0.93, 0.935, 0.94, 0.932, 0.938], train_nll=spiky)
     median = benchmark_conditions(table_of(rows))[3]
     assert median.left == pytest.approx(float(np.median(spiky)))
-    assert median.holds and median.text.endswith("(6 of 10 seeds)")
+    assert median.holds
+    assert median.text.endswith("(6 of 10 seeds)")
     worse = [0.02, 0.05, 0.013, 0.3, 0.011, 0.012, 1e-4, 2e-4, 3e-4, 4e-4]
     rows = benchmark_rows([0.93, 0.935, 0.94, 0.932, 0.938], train_nll=worse)
     median = benchmark_conditions(table_of(rows))[3]
-    assert median.left == pytest.approx(float(np.median(worse))) and not median.holds
+    assert median.left == pytest.approx(float(np.median(worse)))
+    assert not median.holds
     assert median.text == f"median over seeds of train NLL(cnn) < {NEAR_ZERO_NLL:g} (4 of 10 seeds)"
 
 
@@ -173,12 +178,15 @@ def test_loss_verdicts_a_to_d_follow_the_paired_t_intervals():
     table = table_of(rows)
     v = loss_verdicts(table, "focal_3")
     a = np.subtract(loss_ece, ce_ece)
-    assert t_ci(a)[1] < 0 and v["a"].outcome == "holds"  # lower beyond the noise
+    assert t_ci(a)[1] < 0  # lower beyond the noise
+    assert v["a"].outcome == "holds"
     acc = np.subtract(loss_acc, rows["ce"]["rep/test_acc"])
     assert t_ci(acc)[1] < 0  # below CE beyond the noise, but equivalent within 0.01:
-    assert tost(acc, ACC_TOLERANCE) and v["b"].holds  # not below by more than the margin
+    assert tost(acc, ACC_TOLERANCE)  # not below by more than the margin
+    assert v["b"].holds
     c = np.subtract(loss_ece, ce_ts)
-    assert t_ci(c)[0] > 0 and v["c"].outcome == "fails"  # the loss alone is above CE + TS
+    assert t_ci(c)[0] > 0  # the loss alone is above CE + TS
+    assert v["c"].outcome == "fails"
     assert v["d"].outcome == "holds"  # scaling the loss still lowers its ECE
     for key, d in (("a", a), ("b", acc), ("c", c)):
         assert (v[key].decision.low, v[key].decision.high) == pytest.approx(t_ci(d), abs=1e-12)
@@ -272,8 +280,10 @@ def test_generated_validation_keeps_the_published_training_set_whole(tmp_path):
 
 
 def test_the_shipped_configs_are_the_papers_protocol_and_the_experiments_recipe():
-    """All 4,000 training samples, 6,000 steps of batch 100, generated validation, both test
-    sets; the experiment files of claims 7 and 8 run exactly these epochs on 10 seeds."""
+    """All 4,000 training samples, 6,000 steps of batch 100, generated validation, both tests.
+
+    The experiment files of claims 7 and 8 run exactly these epochs on 10 seeds.
+    """
     steps_per_epoch = 4000 // 100
     experiments = [
         load_experiment(ROOT / "configs/experiments/claim-7-mnist1d-benchmark.yaml"),
@@ -286,8 +296,10 @@ def test_the_shipped_configs_are_the_papers_protocol_and_the_experiments_recipe(
             data = config["data"]["init_args"]
             assert variant.epochs == config["trainer"]["max_epochs"], variant.name
             assert variant.epochs * steps_per_epoch == 6000
-            assert data["val_source"] == "generated" and data["batch_size"] == 100
-            assert data.get("num_samples", 5000) == 5000 and data.get("train_split", 0.8) == 0.8
+            assert data["val_source"] == "generated"
+            assert data["batch_size"] == 100
+            assert data.get("num_samples", 5000) == 5000
+            assert data.get("train_split", 0.8) == 0.8
             assert data["test_samples"] == 10000
 
 
@@ -300,7 +312,8 @@ def test_claim8_shares_its_cross_entropy_arm_with_claim7():
     cnn = next(v for v in benchmark.variants if v.name == "cnn")
     ce = next(v for v in calibration.variants if v.name == "ce")
     assert cnn.fingerprint() == ce.fingerprint()
-    assert benchmark.min_seeds >= 10 and calibration.min_seeds >= 10
+    assert benchmark.min_seeds >= 10
+    assert calibration.min_seeds >= 10
     assert {v.name for v in calibration.variants} == {"ce", *CALIBRATION_LOSSES}
 
 
@@ -316,8 +329,10 @@ def test_display_uri_is_relative_to_the_working_directory(tmp_path, monkeypatch)
 
 
 def shrunk(name: str, config: str, folder: Path) -> Variant:
-    """A shipped config on 500 generated sequences, 200 test and 100 validation ones, 3 epochs,
-    curves every epoch (a copy of the config with ``every_n_epochs: 1``)."""
+    """A shipped config on 500 generated sequences, 200 test and 100 validation ones, 3 epochs.
+
+    Curves every epoch (a copy of the config with ``every_n_epochs: 1``).
+    """
     text = (ROOT / config).read_text()
     assert "every_n_epochs: 5" in text
     copy = folder / Path(config).name
@@ -403,7 +418,8 @@ def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
     assert len(history) == 3
     assert metrics["rep/test_nll_rise"] == pytest.approx(history[-1] - min(history))
     # Verdicts and figures.
-    assert "## Claim 7" in report and "## Claim 8" in report
+    assert "## Claim 7" in report
+    assert "## Claim 8" in report
     assert "| model | published test acc | ours, published 1,000 (mean ± std) |" in report
     assert "Largest half-width of the 95% interval of the paired ECE differences" in report
     # The appendix holds every per-seed value of every arm, exactly as the store has it.
@@ -423,4 +439,5 @@ def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
                 assert float(cells[seed]) == stored[metric], (variant, metric, seed)
     for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report):
         assert (out / name).is_file()
-    assert "claim8_test_nll.png" in report and "claim8_reliability_ce_scaled.png" in report
+    assert "claim8_test_nll.png" in report
+    assert "claim8_reliability_ce_scaled.png" in report

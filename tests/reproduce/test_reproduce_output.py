@@ -81,7 +81,8 @@ def test_the_quick_look_leaves_the_committed_report_alone(tmp_path):
     assert lines[0].startswith("lightning-losses reproduce: the report goes to reproduce_runs/")
     assert lines[-1].startswith("report: ")
     report = clone / lines[-1].removeprefix("report: ")
-    assert report.is_file() and report.parent.parent == clone / "reproduce_runs"
+    assert report.is_file()
+    assert report.parent.parent == clone / "reproduce_runs"
     assert (report.parent / "claim1_losses.png").is_file()
     assert "Claims 1, 6; 1 seed(s)" in report.read_text()
     git("check-ignore", "-q", str(report.relative_to(clone)), cwd=clone)  # raises if not

@@ -181,17 +181,20 @@ def test_versions_fresh_and_the_appendix_end_to_end(tmp_path, monkeypatch) -> No
     # Another code version computes its own run; the report names that version only.
     second_text, second = invocation("0.1.0+src.bbbbbbbbbbbb", "b")
     (second_id,) = second.runs.values()
-    assert second_id != first_id and second.reused == 0
+    assert second_id != first_id
+    assert second.reused == 0
     assert client.get_run(second_id).data.tags[TAG] == "0.1.0+src.bbbbbbbbbbbb"
     assert "code version of the runs: `0.1.0+src.bbbbbbbbbbbb`" in second_text
     assert "aaaaaaaaaaaa" not in second_text
     # The same version reuses; --fresh does not.
     _, again = invocation("0.1.0+src.bbbbbbbbbbbb", "c")
-    assert list(again.runs.values()) == [second_id] and again.reused == 1
+    assert list(again.runs.values()) == [second_id]
+    assert again.reused == 1
     before = int(time.time() * 1000)
     fresh_text, fresh = invocation("0.1.0+src.bbbbbbbbbbbb", "d", fresh=True)
     (fresh_id,) = fresh.runs.values()
-    assert fresh_id not in {first_id, second_id} and fresh.reused == 0
+    assert fresh_id not in {first_id, second_id}
+    assert fresh.reused == 0
     assert client.get_run(fresh_id).info.start_time >= before
     assert "`--fresh`" in fresh_text
     assert len(computed) == 3  # versions a and b, then b again under --fresh
@@ -200,5 +203,6 @@ def test_versions_fresh_and_the_appendix_end_to_end(tmp_path, monkeypatch) -> No
     rows = _appendix_rows(fresh_text, 1)
     assert {metric for _, metric in rows} == set(stored)
     for (variant, metric), cells in rows.items():
-        assert variant == "analysis" and float(cells[0]) == stored[metric]
+        assert variant == "analysis"
+        assert float(cells[0]) == stored[metric]
     assert CLAIMS[1].experiment in fresh_text

@@ -283,7 +283,8 @@ def test_a_file_system_without_hard_links_gets_a_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "link", refuse)
     logger.log_file(source, artifact_path="checkpoints", link=True)
     copied = logger.local_artifact_dir() / "checkpoints" / "best.ckpt"
-    assert copied.read_bytes() == b"weights" and not os.path.samefile(copied, source)
+    assert copied.read_bytes() == b"weights"
+    assert not os.path.samefile(copied, source)
     listed = logger.experiment.list_artifacts(logger.run_id, "checkpoints")
     assert [a.path for a in listed] == ["checkpoints/best.ckpt"]
 

@@ -53,6 +53,63 @@ pytestmark = pytest.mark.usefixtures("isolated_tracking")
 # --- a basic-auth reverse proxy in front of the real server -----------------------------------
 
 
+class ProxyHandler(BaseHTTPRequestHandler):
+    """One request to the ``AuthProxy`` set as ``proxy`` (by ``AuthProxy._handler``)."""
+
+    proxy: AuthProxy
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _body(self) -> bytes | None:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else None
+
+    def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+        self.send_response(status)
+        for key, value in headers:
+            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                if key.lower() not in ("server", "date"):
+                    self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _forward(self) -> None:
+        body = self._body()
+        given = self.headers.get("Authorization")
+        bearer = self.proxy.token and given == f"Bearer {self.proxy.token}"
+        if self.proxy.require_auth and given != self.proxy.expected and not bearer:
+            self._reply(401, [("WWW-Authenticate", 'Basic realm="mlflow"')], b"")
+            return
+        if self.proxy.fail_metrics and "log-batch" in self.path and body:
+            if json.loads(body).get("metrics"):
+                self._reply(503, [], b"down")
+                return
+        skip = {"authorization", "host", "content-length", "connection"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        headers.pop("Transfer-Encoding", None)
+        request = urllib.request.Request(
+            self.proxy.target + self.path, data=body, method=self.command, headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                status, answer, data = response.status, response.headers, response.read()
+        except urllib.error.HTTPError as error:
+            status, answer, data = error.code, error.headers, error.read()
+        self._reply(status, list(answer.items()), data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+
 class AuthProxy:
     """Forwards every request to ``target`` if it carries ``user:password`` as basic auth.
 
@@ -80,61 +137,7 @@ class AuthProxy:
         self.httpd.server_close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _body(self) -> bytes | None:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while size := int(self.rfile.readline().split(b";")[0], 16):
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                    self.rfile.readline()
-                    return b"".join(chunks)
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else None
-
-            def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
-                self.send_response(status)
-                for key, value in headers:
-                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        if key.lower() not in ("server", "date"):
-                            self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            def _forward(self) -> None:
-                body = self._body()
-                given = self.headers.get("Authorization")
-                bearer = proxy.token and given == f"Bearer {proxy.token}"
-                if proxy.require_auth and given != proxy.expected and not bearer:
-                    self._reply(401, [("WWW-Authenticate", 'Basic realm="mlflow"')], b"")
-                    return
-                if proxy.fail_metrics and "log-batch" in self.path and body:
-                    if json.loads(body).get("metrics"):
-                        self._reply(503, [], b"down")
-                        return
-                skip = {"authorization", "host", "content-length", "connection"}
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-                headers.pop("Transfer-Encoding", None)
-                request = urllib.request.Request(
-                    proxy.target + self.path, data=body, method=self.command, headers=headers
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=60) as response:
-                        status, answer, data = response.status, response.headers, response.read()
-                except urllib.error.HTTPError as error:
-                    status, answer, data = error.code, error.headers, error.read()
-                self._reply(status, list(answer.items()), data)
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
-
-        return Handler
+        return type("Handler", (ProxyHandler,), {"proxy": self})
 
 
 @pytest.fixture
@@ -259,7 +262,8 @@ def test_a_server_that_stops_the_fit_is_one_line_without_the_password(proxy, wro
     [line] = capfd.readouterr().err.strip().splitlines()
     source = OPTION.removeprefix("--")
     assert line.startswith(f"lightning-losses fit: error: {source}: the MLflow tracking server")
-    assert f"http://alice:***@127.0.0.1:{port}" in line and secret not in line
+    assert f"http://alice:***@127.0.0.1:{port}" in line
+    assert secret not in line
 
 
 # --- fits: nothing written holds the password; a resume takes it again -------------------------
@@ -280,7 +284,8 @@ def test_password_in_the_option_is_written_nowhere_and_resume_continues(
     logger = first.trainer.logger
     run_id = logger.run_id
     spool = read_spool(logger.spool_path.read_bytes())
-    assert spool and {line.record["tracking_uri"] for line in spool} == {redacted}
+    assert spool
+    assert {line.record["tracking_uri"] for line in spool} == {redacted}
     last = Path(first.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     assert checkpoint_tracking(last)["tracking_uri"] == redacted
     run = client(uri).get_run(run_id)
@@ -299,7 +304,8 @@ def test_password_in_the_option_is_written_nowhere_and_resume_continues(
 
     out = capfd.readouterr()
     assert PASSWORD not in out.out + out.err
-    assert f"in {redacted}" in out.out and f"to see it: open {proxy.uri()}" in out.out
+    assert f"in {redacted}" in out.out
+    assert f"to see it: open {proxy.uri()}" in out.out
     assert files_holding(PASSWORD, tmp_path, mlflow_server.root) == []
 
 
@@ -324,7 +330,9 @@ def test_password_in_the_environment_is_written_nowhere_and_a_resume_asks_for_it
     assert stopped.value.code == 2
     [line] = capfd.readouterr().err.strip().splitlines()
     assert line.startswith(f"lightning-losses fit: error: {last} records its MLflow store as")
-    assert redacted in line and "MLFLOW_TRACKING_URI" in line and OPTION in line
+    assert redacted in line
+    assert "MLFLOW_TRACKING_URI" in line
+    assert OPTION in line
     assert client(uri).get_run(run_id).info.status == "FINISHED"  # the run is left as it was
 
     proxy.require_auth = False  # a server that needs none: the redacted URI works as it is
@@ -345,4 +353,6 @@ def test_a_redacted_database_uri_that_does_not_answer_stops_with_one_line(capfd)
     assert stopped.value.code == 2
     [line] = capfd.readouterr().err.strip().splitlines()
     assert line.startswith("lightning-losses fit: error: runs/last.ckpt records")
-    assert stored in line and "MLFLOW_TRACKING_URI" in line and OPTION in line
+    assert stored in line
+    assert "MLFLOW_TRACKING_URI" in line
+    assert OPTION in line

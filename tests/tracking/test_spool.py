@@ -76,7 +76,8 @@ def test_damaged_spool_replays_every_valid_record_and_keeps_the_bad_lines(store,
     assert done.returncode == 1
     assert "line 2: not a JSON record" in done.stderr
     assert "line 5: cut off" in done.stderr
-    assert "line 1:" not in done.stderr and "line 3:" not in done.stderr
+    assert "line 1:" not in done.stderr
+    assert "line 3:" not in done.stderr
     assert history(client, run_id) == [(0, 0.5), (1, 0.25)]
     assert client.get_run(run_id).data.tags["note"] == "kept"
     assert spool.read_text() == bad + "\n" + cut  # the lines not replayed, byte for byte
@@ -84,7 +85,8 @@ def test_damaged_spool_replays_every_valid_record_and_keeps_the_bad_lines(store,
     assert journal == [lines[0], lines[2], lines[3]]
 
     again = sync_script(str(spool))  # still damaged: named again, nothing written twice
-    assert again.returncode == 1 and "line 1: not a JSON record" in again.stderr
+    assert again.returncode == 1
+    assert "line 1: not a JSON record" in again.stderr
     assert history(client, run_id) == [(0, 0.5), (1, 0.25)]
 
 

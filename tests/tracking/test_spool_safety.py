@@ -12,6 +12,7 @@ import base64
 import http.server
 import io
 import json
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -177,13 +178,16 @@ def test_a_spool_of_a_store_nobody_named_is_not_replayed(run, tmp_path, recorder
     assert f"its store, sqlite:///{evil}, is not an existing" in err
     assert f"its store, {recorder.uri}, is neither --tracking-uri" in err
     assert err.count("name it with --tracking-uri URI") == 2  # one line each
-    assert not evil.parent.exists() and recorder.requests == []
-    assert spool.read_bytes() == text and (other / SPOOL_NAME).is_file()
+    assert not evil.parent.exists()
+    assert recorder.requests == []
+    assert spool.read_bytes() == text
+    assert (other / SPOOL_NAME).is_file()
     assert history(client, run_id) == []
 
     # Named by the user, the store is the one the spool is replayed into.
     assert sync_main([str(spool), "--tracking-uri", uri]) == 0
-    assert history(client, run_id) == [(0, 0.5)] and not spool.exists()
+    assert history(client, run_id) == [(0, 0.5)]
+    assert not spool.exists()
     assert not evil.parent.exists()
 
 
@@ -231,7 +235,8 @@ def test_over_long_lines_are_refused_unread():
     assert (lines[2].start, lines[2].size) == (len(data) - len(big), len(big))
     deep = b"[" * 100_000 + b"]" * 100_000  # under the cap, but nested past Python's recursion
     [nested] = read_spool(deep + b"\n")
-    assert nested.record is None and "nested too deeply" in nested.problem
+    assert nested.record is None
+    assert "nested too deeply" in nested.problem
 
 
 @pytest.mark.slow
@@ -242,7 +247,8 @@ def test_spool_permissions_kept_symlinked_spool_or_journal_refused(run, tmp_path
     spool.chmod(0o600)
     with pytest.raises(SpoolReplayError, match="line 1: not a JSON record"):
         sync_tracking(spool)
-    assert spool.read_bytes() == b"damaged\n" and (spool.stat().st_mode & 0o777) == 0o600
+    assert spool.read_bytes() == b"damaged\n"
+    assert (spool.stat().st_mode & 0o777) == 0o600
     assert history(client, run_id) == [(0, 0.5)]
 
     outside = tmp_path / "outside.txt"
@@ -256,7 +262,7 @@ def test_spool_permissions_kept_symlinked_spool_or_journal_refused(run, tmp_path
     spool.write_bytes(metrics(run_id, uri, 1, 0.25) + b"\n")
     spool.with_name(SPOOL_NAME + ".synced").unlink()
     spool.with_name(SPOOL_NAME + ".synced").symlink_to(outside)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=re.escape(SPOOL_NAME + ".synced")):
         sync_tracking(spool)
     assert outside.read_bytes() == b""  # nothing written through the link
     assert spool.is_file()  # the line stays to be replayed again (written once: skipped then)

@@ -169,7 +169,8 @@ def test_each_param_once_without_none_values(two_fits):
         assert all(key.startswith(sections) for key in params), sorted(params)
         assert params["model.criterion.init_args.gamma"] in ("0.0", "2.0")
         # Values linked from the data (not in the config) come from the module, once.
-        assert params["model.input_dim"] == "64" and params["model.num_classes"] == "10"
+        assert params["model.input_dim"] == "64"
+        assert params["model.num_classes"] == "10"
         assert params["model.hidden.0"] == "16"
 
 
@@ -185,7 +186,8 @@ def test_module_metrics_logged_once_each(two_fits):
             assert len({m.step for m in history}) == len(history)  # one value per step
         for pair in SAME_QUANTITY:
             assert len(set(pair) & set(metrics)) <= 1, pair
-        assert "val/ece" in metrics and "val/accuracy" not in metrics  # the monitor's, once
+        assert "val/ece" in metrics
+        assert "val/accuracy" not in metrics  # the monitor's, once
 
 
 def test_summary_lines(two_fits):

@@ -80,7 +80,8 @@ def test_cli_fit_records_config_metrics_diagrams_and_checkpoint(mlflow_server, t
     assert [m.step for m in ece] == [steps_per_epoch - 1, 2 * steps_per_epoch - 1]
     assert c.get_metric_history(run.info.run_id, "schedule/gamma") == []  # one metric: ...
     gamma = c.get_metric_history(run.info.run_id, "criterion/gamma")  # ... the module's
-    assert len(gamma) >= 2 and gamma[-1].value > gamma[0].value  # the annealed values
+    assert len(gamma) >= 2
+    assert gamma[-1].value > gamma[0].value  # the annealed values
     assert [m.step for m in gamma] == sorted(m.step for m in gamma)
     artifacts = artifact_paths(mlflow_server.uri, run.info.run_id)
     assert "config.yaml" in artifacts
@@ -140,11 +141,14 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
             trainer.fit(model, DigitsDataModule(batch_size=128))
         # The closing warning names the first failure and the replay command with its store.
         closing = [str(w.message) for w in caught if "were not recorded in" in str(w.message)]
-        assert closing and "sync-tracking" in closing[0] and "--tracking-uri" in closing[0]
+        assert closing
+        assert "sync-tracking" in closing[0]
+        assert "--tracking-uri" in closing[0]
         assert trainer.state.finished  # the fit completed without the server
         run_id = tracking.run_id
         spool = tracking.spool_path
-        assert spool.is_file() and tracking.spooled > 0
+        assert spool.is_file()
+        assert tracking.spooled > 0
         assert spool.parent == Path(trainer.checkpoint_callback.dirpath).parent  # beside them
 
         spooled = [
@@ -153,13 +157,16 @@ def test_server_lost_mid_fit_loses_nothing(tmp_path):
             if line.record["kind"] == "metrics"
             for key in line.record["metrics"]
         ]
-        assert spooled and len(set(spooled)) == len(spooled)  # each (metric, step) once
+        assert spooled
+        assert len(set(spooled)) == len(spooled)  # each (metric, step) once
         copy = spool.read_bytes()
 
         srv.start()
         done = sync_tracking(spool, srv.uri)  # a server: named, not taken from the spool
-        assert done["metrics"] > 0 and done["terminate"] == 1
-        assert not spool.exists() and spool.with_name(spool.name + ".synced").exists()
+        assert done["metrics"] > 0
+        assert done["terminate"] == 1
+        assert not spool.exists()
+        assert spool.with_name(spool.name + ".synced").exists()
 
         # Every (metric, step) the local CSV logger saw is now in the MLflow run, with its value.
         c = client(srv.uri)
@@ -200,7 +207,8 @@ def test_resume_continues_the_same_run(tmp_path):
     assert len(runs_of(uri)) == 1
     history = client(uri).get_metric_history(run_id, "val/acc")
     steps = [m.step for m in history]
-    assert len(steps) == 2 and steps[1] > steps[0]
+    assert len(steps) == 2
+    assert steps[1] > steps[0]
 
 
 @pytest.mark.slow
@@ -232,6 +240,8 @@ def test_compare_three_runs_from_the_console(mlflow_server, tmp_path):
     for loss in ("CrossEntropyLoss", "FocalLoss", "GammaCrossEntropyLoss"):
         assert loss in done.stdout
     rows = list(csv.DictReader((tmp_path / "cmp" / "comparison.csv").open()))
-    assert len(rows) == 3 and all(0.0 <= float(r["val/ece"]) <= 1.0 for r in rows)
+    assert len(rows) == 3
+    assert all(0.0 <= float(r["val/ece"]) <= 1.0 for r in rows)
     figure = tmp_path / "cmp" / "comparison.png"
-    assert figure.is_file() and figure.stat().st_size > 10_000
+    assert figure.is_file()
+    assert figure.stat().st_size > 10_000

@@ -191,7 +191,8 @@ def test_resume_from_another_directory_continues_the_run_in_its_store(tmp_path, 
     store = f"sqlite:///{first_dir / 'mlflow.db'}"
     client = MlflowClient(store)
     [run] = client.search_runs([client.get_experiment_by_name("moved").experiment_id])
-    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert run.info.run_id == run_id
+    assert run.info.status == "FINISHED"
     steps = [m.step for m in metric_history(client, run_id, "val/acc")]
     assert steps == [BATCHES - 1, 2 * BATCHES - 1]  # one run, steps continue
     saved = sorted(p.name for p in (run_folder / "checkpoints").glob("epoch=*.ckpt"))
