@@ -72,7 +72,7 @@ def assert_one_error_line(stderr: str, command: str, *names: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "args, names, suggestion",
+    ("args", "names", "suggestion"),
     [
         (["fit", "--model.criterion=focall"], ["--model.criterion", "'focall'"], "'focal'"),
         (["test", "--model.criterion", "FocalLoss"], ["FocalLoss"], "'focal'"),
@@ -107,7 +107,7 @@ def test_errors_found_before_lightning_is_imported(args, names, suggestion, tmp_
 
 
 @pytest.mark.parametrize(
-    "args, names, suggestion",
+    ("args", "names", "suggestion"),
     [
         (
             ["--model.criterion.init_args.gamma=-1"],
@@ -135,7 +135,7 @@ def test_errors_of_the_parser_and_constructors_are_one_line(args, names, suggest
 
 
 @pytest.mark.parametrize(
-    "args, names, suggestion",
+    ("args", "names", "suggestion"),
     [
         (["--model.criterion.init_args.gama=1"], ["'gama'", "GammaCrossEntropyLoss"], "gamma"),
         (["--model.criterion=focall"], ["'focall'"], "'focal'"),
@@ -206,7 +206,8 @@ def test_fit_help_is_short_shows_the_default_config_and_lists_the_package(capsys
     assert "default: GammaCrossEntropyLoss(gamma=0.0," in " ".join(criterion.split())
     assert "default: ce" not in text
     # The losses by name, not a hundred torch.nn classes.
-    assert "torch.nn.Linear" not in text and "torch.nn.Conv2d" not in text
+    assert "torch.nn.Linear" not in text
+    assert "torch.nn.Conv2d" not in text
     for name in ("FocalLoss", "GammaCrossEntropyLoss", "NMCategoricalCrossEntropyLoss"):
         assert f"lightning_losses.{name}" in "".join(criterion.split()), name
     for name in ("ce", "gamma_ce", "focal", "adafocal", "soft_truncated", "nm_ce"):
@@ -226,7 +227,8 @@ def test_fit_help_is_short_shows_the_default_config_and_lists_the_package(capsys
     for name in sorted(callbacks | datamodules):
         assert name in flat, name
     # The shipped configs by name.
-    assert "digits_focal," in text and "lm/lm_ce," in text
+    assert "digits_focal," in text
+    assert "lm/lm_ce," in text
 
 
 def test_fit_help_shows_the_defaults_of_the_config_given(capsys):
@@ -239,4 +241,5 @@ def test_criterion_help_describes_a_loss_by_class_name(capsys):
         main(["fit", "--model.criterion.help", "FocalLoss"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
-    assert "lightning_losses.FocalLoss" in out and "--model.criterion.gamma GAMMA" in out
+    assert "lightning_losses.FocalLoss" in out
+    assert "--model.criterion.gamma GAMMA" in out
