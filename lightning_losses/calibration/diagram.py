@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_losses.functional.checks import check_fraction
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -248,8 +250,7 @@ def wilson_interval(count: Any, successes: Any, level: float) -> tuple[np.ndarra
     """
     from statistics import NormalDist
 
-    if not (isinstance(level, float | int) and not isinstance(level, bool) and 0 < level < 1):
-        raise ValueError(f"level must be a float strictly between 0 and 1; got {level!r}")
+    level = check_fraction("level", level, example="0.95")
     n = np.asarray(count, dtype=np.float64)
     p = np.asarray(successes, dtype=np.float64) / np.where(n > 0, n, 1.0)
     z = NormalDist().inv_cdf((1.0 + level) / 2)

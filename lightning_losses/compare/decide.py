@@ -218,11 +218,10 @@ def decide(
         >>> d.verdict, d.seeds_needed
         ('undecided', 12)
     """
-    from lightning_losses.functional.checks import check_fraction
+    from lightning_losses.functional.checks import check_fraction, check_real
 
     level = check_fraction("level", level, example="0.95")
-    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
-        raise ValueError(f"margin must be a finite number >= 0; got {margin!r}")
+    margin = check_real("margin", margin, low=0.0)
     candidate = _check_values("candidate", candidate)
     if baseline is None:
         if not candidate:

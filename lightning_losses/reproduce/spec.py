@@ -190,8 +190,9 @@ class Condition:
     def __post_init__(self) -> None:
         if self.op not in SUPPORTING:
             raise ValueError(f"op must be one of {', '.join(SUPPORTING)}; got {self.op!r}")
-        if not (math.isfinite(self.margin) and self.margin >= 0):
-            raise ValueError(f"margin must be a finite number >= 0; got {self.margin!r}")
+        from lightning_losses.functional.checks import check_real
+
+        check_real("margin", self.margin, low=0.0)
         if self.op == EQUIVALENT and self.margin <= 0:
             raise ValueError(
                 f"{self.text!r}: op '~' (about the same) needs an equivalence margin > 0; "

@@ -113,3 +113,37 @@ def test_an_installed_wheel_runs_a_shipped_config_by_name(built, tmp_path):
     assert criterion.startswith("    class_path: lightning_losses.FocalLoss\n"), criterion[:200]
     assert "      gamma: 2.0\n" in criterion.split("  hidden:", 1)[0]
     assert list(empty.iterdir()) == []  # --print_config wrote nothing
+
+
+@pytest.mark.slow
+def test_an_editable_install_maps_the_top_level_callbacks_folder_without_warnings(tmp_path):
+    """``pip install -e .`` in a fresh venv: ``lightning_losses.callbacks`` is ``callbacks/``."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps"]
+    done = subprocess.run([*install, "-e", str(ROOT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = (done.stdout + done.stderr).splitlines()
+    warned = [line for line in lines if "warning" in line.lower() and "is ignored" not in line]
+    assert warned == []  # no setuptools notice about an import-hook (strict) editable install
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = (
+        "import lightning_losses.callbacks as c, lightning_losses as p\n"
+        "print(c.__file__); print(p.__file__); print(c.GammaAnnealing.__module__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, cwd=empty, env=env, check=True
+    ).stdout.split()
+    assert Path(out[0]).resolve() == ROOT / "callbacks" / "__init__.py"
+    assert Path(out[1]).resolve() == ROOT / "lightning_losses" / "__init__.py"
+    assert out[2] == "lightning_losses.callbacks.loss_scheduler"
