@@ -31,12 +31,12 @@ docs: venv
 # before the tests take both cores.
 test:
 	$(MAKE) --no-print-directory -j2 lint docs
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The quick lane: every test but those marked slow (DDP processes, MLflow servers, console and
 # LightningCLI subprocess runs, the demo, wheel builds); under 2 minutes on 2 cores.
 test-fast: venv
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
 
 demo: venv
 	$(BIN)/python scripts/demo.py
