@@ -16,6 +16,7 @@ add nothing; a metric that has seen no kept sample computes NaN.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 import torch
@@ -405,9 +406,9 @@ class _MeanMetric(_CalibrationMetric):
     count: Tensor
 
     @staticmethod
+    @abstractmethod
     def terms(preds: Tensor, target: Tensor, task: str, input_format: str) -> Tensor:
-        """The per-sample (or per-label) terms whose mean is the metric."""
-        raise NotImplementedError
+        """The per-sample (or per-label) terms whose mean is the metric (each subclass's own)."""
 
     def __init__(
         self,
