@@ -14,6 +14,9 @@ $(BIN)/python:
 venv: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# The reference implementation of Dirichlet calibration (Kull et al.), for the tests only:
+	# its releases declare Python >= 3.12 but run on 3.10+ (it pulls jax).
+	$(BIN)/pip install -q --ignore-requires-python "dirichletcal==0.5.3"
 
 # mypy reads its settings (the package, through the callbacks link) from pyproject.toml.
 lint: venv
