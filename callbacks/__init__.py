@@ -1,12 +1,13 @@
 """Schedules and callbacks for lightning-losses (installed as ``lightning_losses.callbacks``)."""
 
 from lightning_losses.callbacks.adafocal import AdaFocalUpdate
-from lightning_losses.callbacks.calibration import CalibrationMonitor, TemperatureScalingCallback
+from lightning_losses.callbacks.calibration import CalibrationMonitor
 from lightning_losses.callbacks.checkpoint import LastCheckpoint
 from lightning_losses.callbacks.curves import SplitCurves
 from lightning_losses.callbacks.loss_scheduler import GammaAnnealing, LossScheduler
 from lightning_losses.callbacks.loss_switch import LossSwitch
 from lightning_losses.callbacks.outputs import OutputAdapter
+from lightning_losses.callbacks.posthoc import PostHocCalibration, TemperatureScalingCallback
 from lightning_losses.callbacks.schedules import (
     ConstantSchedule,
     CosineSchedule,
@@ -30,6 +31,7 @@ __all__ = [
     "LossScheduler",
     "LossSwitch",
     "OutputAdapter",
+    "PostHocCalibration",
     "Schedule",
     "SplitCurves",
     "StepSchedule",

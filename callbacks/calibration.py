@@ -1,4 +1,7 @@
-"""Calibration callbacks: metrics and reliability diagrams every validation, temperature scaling."""
+"""Calibration metrics and reliability diagrams every validation epoch: ``CalibrationMonitor``.
+
+Post-hoc calibration (and ``TemperatureScalingCallback``) is in :mod:`.posthoc`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from typing import TYPE_CHECKING, Any, cast
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
@@ -19,7 +21,6 @@ from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
 from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.checks import check_flag, sum_tolerances
-from lightning_losses.warning import LightningLossesWarning
 
 if TYPE_CHECKING:
     from lightning_losses.calibration.functional import InputFormat
@@ -491,170 +492,8 @@ class CalibrationMonitor(Callback):
         self._finish("test", trainer, pl_module)
 
 
-def _scale_temperature(module: Any, factor: float) -> None:
-    """Multiply ``module.temperature`` (any module's divisor of its logits) by ``factor``."""
-    module.temperature = module.temperature * factor
-
-
-class TemperatureScalingCallback(Callback):
-    """At the end of fit, fit a temperature on the last validation epoch's logits and log it.
-
-    Logs ``calibration/temperature`` and the validation ECE and NLL before and after scaling
-    (``calibration/val_ece_before``, ``..._after``, ``calibration/val_nll_before``, ``..._after``)
-    to every logger, and keeps them in :attr:`report`. Under DDP the logits of all processes
-    are gathered first (:func:`all_gather_uneven`: processes may hold different numbers of
-    samples, as with :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`), so
-    the fit is that of one process over the whole validation set. Multiclass ``[N, C]`` and binary
-    ``[N]`` logits (n-by-m tasks are flattened to multiclass); ``[N, C]`` float targets are
-    multi-label outputs, skipped with a warning, unless ``soft_labels=True`` says they are soft
-    labels (each row a distribution over the classes: annotator votes, mixup or distillation
-    targets), which the fit then takes as :meth:`TemperatureScaler.fit
-    <lightning_losses.calibration.scaling.TemperatureScaler.fit>` does.
-
-    With ``apply_to_model=True`` the model's ``temperature`` attribute (such as that of
-    :class:`lightning_losses.lightning.classifier.ClassifierModule`) is multiplied by the
-    fitted value, so later predictions are calibrated; a model without one is an error at
-    set-up, before any training step.
-
-    Args:
-        n_bins: bins of the reported ECE.
-        max_iter: LBFGS iterations of the fit.
-        apply_to_model: scale ``pl_module.temperature`` by the fitted temperature.
-        ignore_index: leave out the samples whose target equals it (padding tokens), in the
-            fit and in the report; ``None`` keeps all.
-        soft_labels: ``[N, C]`` float targets are soft labels (rows summing to 1), not
-            multi-label ones; cannot be combined with ``ignore_index``.
-        outputs: how to read the logits and targets from what ``validation_step`` returns, as
-            :class:`CalibrationMonitor`'s ``outputs`` (``None``: the ``{"logits", "target"}``
-            dict).
-
-    Example:
-        >>> TemperatureScalingCallback(soft_labels=True).soft_labels
-        True
-    """
-
-    def __init__(
-        self,
-        n_bins: int = 15,
-        max_iter: int = 100,
-        apply_to_model: bool = False,
-        ignore_index: int | None = None,
-        soft_labels: bool = False,
-        outputs: OutputsSpec = None,
-    ):
-        self._read = OutputAdapter(outputs, owner="TemperatureScalingCallback")
-        self.outputs = outputs
-        if ignore_index is not None:
-            from lightning_losses.functional.checks import check_ignore_index
-
-            check_ignore_index(ignore_index)
-        check_flag("soft_labels", soft_labels)
-        if soft_labels and ignore_index is not None:
-            raise ValueError(
-                "ignore_index applies to integer class labels; with soft_labels=True leave it "
-                f"None and drop the rows of soft labels instead (got ignore_index={ignore_index})"
-            )
-        self.n_bins = n_bins
-        self.max_iter = max_iter
-        self.apply_to_model = apply_to_model
-        self.ignore_index = ignore_index
-        self.soft_labels = soft_labels
-        self._logits: list[Tensor] = []
-        self._targets: list[Tensor] = []
-        self.report: dict[str, float] = {}
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and self.apply_to_model and not hasattr(pl_module, "temperature"):
-            raise ValueError(
-                f"TemperatureScalingCallback(apply_to_model=True) scales "
-                f"{type(pl_module).__name__}.temperature, which it does not have: give the "
-                "module a `temperature` that divides its logits (ClassifierModule has one), "
-                "or use apply_to_model=False to fit and log the temperature only"
-            )
-
-    @override
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule):
-        self._logits, self._targets = [], []
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        # checked in the sanity check too
-        logits, target = calibration_inputs(outputs, pl_module, self._read)
-        if trainer.sanity_checking:
-            return
-        self._logits.append(logits.float())
-        self._targets.append(target)
-
-    def _gathered(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor] | None:
-        """All processes' logits and targets; ``None`` (on every process) when there are none."""
-        strategy = trainer.strategy
-        local = sum(len(t) for t in self._targets)
-        counts: list[int]
-        if trainer.world_size > 1:
-            gathered = strategy.all_gather(torch.tensor(local, device=strategy.root_device))
-            counts = gathered.flatten().tolist()
-        else:
-            counts = [local]
-        if not sum(counts):
-            return None
-        if not all(counts):
-            empty = [rank for rank, count in enumerate(counts) if not count]
-            raise ValueError(
-                f"TemperatureScalingCallback: processes {empty} had no validation samples of the "
-                f"last epoch (samples per process: {counts}); give every process at least one"
-            )
-        logits, target = torch.cat(self._logits), torch.cat(self._targets)
-        return all_gather_uneven(strategy, logits), all_gather_uneven(strategy, target)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from lightning_losses.calibration.scaling import TemperatureScaler
-
-        gathered = self._gathered(trainer)  # every process takes part in the gathers
-        if gathered is None:
-            rank_zero_warn(
-                "TemperatureScalingCallback: no validation outputs to fit on",
-                category=LightningLossesWarning,
-            )
-            return
-        logits, target = gathered
-        if logits.dim() == 2 and target.dim() == 2 and not self.soft_labels:
-            rank_zero_warn(
-                "TemperatureScalingCallback: multi-label outputs are not scaled (pass "
-                "soft_labels=True if the [N, C] targets are soft labels)",
-                category=LightningLossesWarning,
-            )
-            return
-        scaler = TemperatureScaler(max_iter=self.max_iter)
-        scaler.fit(logits, target, ignore_index=self.ignore_index)
-        report = scaler.report(logits, target, n_bins=self.n_bins, ignore_index=self.ignore_index)
-        self.report = {key: float(value) for key, value in report.items()}
-        if self.apply_to_model:
-            _scale_temperature(pl_module, self.report["temperature"])
-        metrics = {
-            "calibration/temperature": self.report["temperature"],
-            "calibration/val_ece_before": self.report["ece_before"],
-            "calibration/val_ece_after": self.report["ece_after"],
-            "calibration/val_nll_before": self.report["nll_before"],
-            "calibration/val_nll_after": self.report["nll_after"],
-        }
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
-
-
 __all__: Sequence[str] = (
     "CalibrationMonitor",
-    "TemperatureScalingCallback",
     "all_gather_uneven",
     "calibration_inputs",
 )

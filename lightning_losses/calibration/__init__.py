@@ -4,8 +4,13 @@
 torchmetrics ``Metric``s (float64 per-bin sums as state, DDP-ready), ``.smooth`` the smooth
 ECE of Błasiok and Nakkiran (an O(grid) state). This package imports torch
 and torchmetrics only; netcal and matplotlib are imported lazily by the modules that need them.
+``.posthoc`` holds the post-hoc calibrators (temperature, vector, matrix and ensemble
+temperature scaling, Dirichlet calibration, histogram binning, isotonic regression, beta
+calibration) behind one interface, and the choice among them by cross-validated NLL; their
+names are importable from here too.
 """
 
+from lightning_losses._lazy import lazy_exports
 from lightning_losses.calibration.aurc import AURC, aurc
 from lightning_losses.calibration.brier import (
     BrierComponents,
@@ -52,6 +57,22 @@ from lightning_losses.calibration.smooth import (
     smooth_reliability_curve,
 )
 
+#: The post-hoc names, served from ``.posthoc`` on first access.
+_POSTHOC = (
+    "BetaCalibration",
+    "DirichletCalibration",
+    "EnsembleTemperatureScaling",
+    "HistogramBinning",
+    "IsotonicCalibration",
+    "MatrixScaling",
+    "PostHocCalibrator",
+    "TemperatureScaler",
+    "VectorScaling",
+    "fit_temperature",
+    "get_calibrator",
+    "select_calibrator",
+)
+
 __all__ = [
     "AURC",
     "Accuracy",
@@ -90,3 +111,6 @@ __all__ = [
     "smooth_grid_statistics",
     "smooth_reliability_curve",
 ]
+
+__all__ += _POSTHOC
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_POSTHOC, "posthoc"), __all__)

@@ -76,13 +76,16 @@ QUANTITIES = tuple(name.split("/", 1)[1] for name in METRICS)
 #: Quantities where higher is better; lower is better for the others (NLL, ECE, Brier).
 HIGHER_IS_BETTER = frozenset({"acc"})
 #: Equivalence margins by quantity, in the metric's units (``--margin`` overrides them): one
-#: point of accuracy, 0.02 nats of NLL, half a point of ECE and of the Brier score.
+#: point of accuracy, 0.02 nats of NLL, half a point of ECE and of the Brier score (the same for
+#: the calibrated NLL and ECE of ``PostHocCalibration``).
 DEFAULT_MARGINS: dict[str, float] = {
     "acc": 0.01,
     "nll": 0.02,
     "ece": 0.005,
     "brier": 0.005,
     "smooth_ece": 0.005,
+    "posthoc_nll": 0.02,
+    "posthoc_ece": 0.005,
 }
 #: The columns of :func:`write_groups_csv`.
 GROUP_CSV_COLUMNS = (

@@ -60,17 +60,20 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: ``val/nll``, ``CalibrationMonitor`` ``val/ece``, ``val/brier`` and, with ``smooth=True``,
 #: ``val/smooth_ece``); ``val/accuracy``, the
 #: same quantity under the monitor's name as older stores hold it, is read only where
-#: ``val/acc`` is missing.
+#: ``val/acc`` is missing. ``val/posthoc_nll`` and ``val/posthoc_ece`` are the calibrated
+#: values ``PostHocCalibration`` logs beside the raw ones.
 METRICS: dict[str, tuple[str, ...]] = {
     "val/acc": ("val/acc", "val/accuracy"),
     "val/nll": ("val/nll",),
     "val/ece": ("val/ece",),
     "val/brier": ("val/brier",),
     "val/smooth_ece": ("val/smooth_ece",),
+    "val/posthoc_nll": ("val/posthoc_nll",),
+    "val/posthoc_ece": ("val/posthoc_ece",),
 }
-#: Metrics logged only on request (``CalibrationMonitor(smooth=True)``): the text table shows
-#: their column only when some run has a value.
-OPTIONAL_METRICS: tuple[str, ...] = ("val/smooth_ece",)
+#: Metrics logged only on request (``CalibrationMonitor(smooth=True)``, ``PostHocCalibration``):
+#: the text table shows their column only when some run has a value.
+OPTIONAL_METRICS: tuple[str, ...] = ("val/smooth_ece", "val/posthoc_nll", "val/posthoc_ece")
 #: The keys of a row, in CSV column order.
 COLUMNS: tuple[str, ...] = (
     "run_id",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
 import torch
@@ -27,10 +27,50 @@ from lightning_losses.lightning.class_path import instantiate
 from lightning_losses.lightning.evaluation import MeanOfTerms, evaluation_metrics
 from lightning_losses.lightning.mixin import LossMixin, describe_criterion
 
+if TYPE_CHECKING:
+    from lightning_losses.calibration.posthoc.base import PostHocCalibrator
+
 TASKS = ("multiclass", "binary", "multilabel", "nm")
 HEADS = ("linear", "normface", "cosface", "arcface")
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def calibrator_from_state(state: Mapping[str, Any]) -> PostHocCalibrator:
+    """The post-hoc calibrator a ``PostHocCalibration`` callback saved in its ``state_dict``.
+
+    ``state`` holds ``method`` (``"none"``: the identity), ``hparams`` (its keyword arguments)
+    and ``calibrator`` (the fitted calibrator's ``state_dict``).
+    """
+    from lightning_losses.calibration.posthoc import get_calibrator
+    from lightning_losses.calibration.posthoc.base import IdentityCalibrator
+
+    method, hparams = str(state["method"]), dict(state.get("hparams") or {})
+    calibrator: PostHocCalibrator = (
+        IdentityCalibrator() if method == "none" else get_calibrator(method, **hparams)
+    )
+    calibrator.load_state_dict(state["calibrator"])
+    return calibrator
+
+
+def posthoc_calibrator(checkpoint: Mapping[str, Any]) -> PostHocCalibrator | None:
+    """The post-hoc calibrator saved in a checkpoint's callback states; ``None`` if none is."""
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, Mapping) and {"method", "calibrator"} <= set(state):
+            return calibrator_from_state(state)
+    return None
+
+
+def calibrated_probabilities(calibrator: nn.Module, logits: Tensor) -> Tensor:
+    """Calibrated probabilities of ``logits`` in their task's shape.
+
+    ``[N, C]`` multiclass logits give ``[N, C]``, ``[N]`` binary logits the positive class's
+    ``[N]``, ``[N, n, m]`` n-by-m logits ``[N, n, m]`` (each task calibrated as a multiclass row).
+    """
+    if logits.dim() == 3:
+        return calibrator(logits.flatten(0, 1)).exp().view_as(logits)
+    probs = calibrator(logits).exp()
+    return probs[:, 1] if logits.dim() == 1 else probs
 
 
 def _head_and_task(task: str, head: str, temperature: float) -> None:
@@ -301,18 +341,40 @@ class ClassifierModule(LossMixin, L.LightningModule):
         """As :meth:`validation_step`, for the ``test/*`` metrics."""
         return self._shared_step(batch, "test")
 
+    @property
+    def calibrator(self) -> nn.Module | None:
+        """The post-hoc calibrator :meth:`predict_step` applies (``None``: none)."""
+        return self.__dict__.get("_calibrator")
+
+    def set_calibrator(self, calibrator: nn.Module | None) -> None:
+        """Apply ``calibrator`` in :meth:`predict_step` (not in the module's ``state_dict``)."""
+        object.__setattr__(self, "_calibrator", calibrator)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also take the post-hoc calibrator the checkpoint holds (or none), for predict_step."""
+        super().on_load_checkpoint(checkpoint)
+        self.set_calibrator(posthoc_calibrator(checkpoint))
+
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """Probabilities: softmax (multiclass, nm) or sigmoid (binary, multilabel)."""
+        """Probabilities: softmax (multiclass, nm) or sigmoid (binary, multilabel).
+
+        With a post-hoc :attr:`calibrator` (read from the checkpoint loaded, or handed over by
+        :class:`~lightning_losses.callbacks.PostHocCalibration` while predicting) they are its
+        calibrated probabilities.
+        """
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
         logits = self(x)
+        if self.calibrator is not None:
+            return calibrated_probabilities(self.calibrator, logits)
         if self.task in ("multiclass", "nm"):
             return torch.softmax(logits, dim=-1)
         return torch.sigmoid(logits)
 
     def on_train_start(self) -> None:
-        """Start the epoch's clock (also for a fit resumed inside an epoch)."""
+        """Start the epoch's clock (also for a fit resumed inside an epoch); drop a calibrator."""
         # A fit resumed inside an epoch gets no on_train_epoch_start for it: count from here.
         self._epoch_started = time.perf_counter()
+        self.set_calibrator(None)  # fitted for the weights loaded, not for those trained now
 
     def on_train_epoch_start(self) -> None:
         """Start the epoch's clock."""

@@ -450,6 +450,47 @@ CALIBRATION_LOSSES = (
 ADAFOCAL_RIVALS = ("focal_3", "flsd_53")
 #: The half-width of the 95% interval of the paired ECE differences the experiment is sized for.
 TARGET_BAND = 0.005
+#: The post-hoc methods of claim 8's arms, each fitted on the validation split's logits: the
+#: multiclass methods of ``lightning_losses.calibration.posthoc.CALIBRATION_METHODS`` (beta
+#: calibration is for binary tasks), in its order.
+POSTHOC_METHODS = (
+    "temperature",
+    "vector",
+    "matrix",
+    "dirichlet",
+    "ensemble_temperature",
+    "histogram",
+    "isotonic",
+)
+#: Temperature scaling's test ECE, as claim 8's (c) and (d) use it.
+TS_ECE = "rep/ts_test_ece"
+#: The test ECE and NLL after the method chosen by cross-validated NLL on the validation split.
+BEST_ECE, BEST_NLL = "rep/ph_best_test_ece", "rep/ph_best_test_nll"
+#: Its cross-validated NLL on the validation split: how the best loss is chosen.
+BEST_CV_NLL = "rep/ph_best_cv_nll"
+
+
+def posthoc_key(method: str, metric: str) -> str:
+    """The MLflow key of a post-hoc arm's metric, e.g. ``rep/ph_vector_test_ece``.
+
+    Example:
+        >>> posthoc_key("isotonic", "fallback")
+        'rep/ph_isotonic_fallback'
+    """
+    return f"rep/ph_{method}_{metric}"
+
+
+#: Every key the post-hoc tables read (in claim 8's table and appendix, not its columns).
+POSTHOC_METRICS = (
+    *(
+        posthoc_key(method, metric)
+        for method in POSTHOC_METHODS
+        for metric in ("test_ece", "test_nll", "fallback", "chosen")
+    ),
+    BEST_ECE,
+    BEST_NLL,
+    BEST_CV_NLL,
+)
 
 
 def loss_verdicts(table: Table, name: str) -> dict[str, Condition]:
@@ -581,7 +622,142 @@ def calibration_markdown(table: Table) -> list[str]:
         f"Largest half-width of the 95% interval of the paired ECE differences (loss - CE): "
         f"{band:.4f}, {verdict} the {TARGET_BAND} the experiment is sized for.",
     ]
+    return lines + posthoc_markdown(table)
+
+
+def _mean_std(table: Table, variant: str, metric: str) -> str:
+    """``mean ± std`` over the seeds, or ``n/a``."""
+    found = stats(table, variant, metric)
+    return "n/a" if found.n == 0 else f"{found.mean:.4f} ± {found.std:.4f}"
+
+
+def _seeds_with(table: Table, variant: str, metric: str) -> tuple[int, int]:
+    """How many seeds have ``metric`` equal to 1 (a flag), of the seeds that have it."""
+    values = [v for v in stats(table, variant, metric).values if v == v]  # NaN != NaN
+    return sum(v == 1 for v in values), len(values)
+
+
+def chosen_text(table: Table, variant: str) -> str:
+    """The methods chosen over the seeds, e.g. ``temperature 6, vector 4`` (``none``: identity).
+
+    Example:
+        >>> from lightning_losses.reproduce.spec import Stats
+        >>> flags = {posthoc_key(m, "chosen"): Stats(0, 0, 3, (1.0, 0.0, 0.0))
+        ...          for m in ("vector",)}
+        >>> chosen_text({"ce": flags}, "ce")
+        'vector 1, none 2'
+    """
+    counts, seeds = {}, 0
+    for method in POSTHOC_METHODS:
+        chosen, seeds_here = _seeds_with(table, variant, posthoc_key(method, "chosen"))
+        seeds = max(seeds, seeds_here)
+        if chosen:
+            counts[method] = chosen
+    if seeds > sum(counts.values()):
+        counts["none"] = seeds - sum(counts.values())
+    return ", ".join(f"{name} {count}" for name, count in counts.items()) or "n/a"
+
+
+def best_loss(table: Table) -> str | None:
+    """The loss whose chosen post-hoc method has the lowest mean cross-validated NLL.
+
+    Chosen on the validation split (the folds the methods were chosen on), not on the test
+    split the comparisons are scored on.
+    """
+    scored = [n for n in CALIBRATION_LOSSES if stats(table, n, BEST_CV_NLL).n]
+    return min(scored, key=lambda n: stats(table, n, BEST_CV_NLL).mean, default=None)
+
+
+def posthoc_markdown(table: Table) -> list[str]:
+    """Claim 8's post-hoc arms: CE plus each method, and each loss plus its best method.
+
+    Nothing when the runs have no post-hoc metrics (runs made before the arms existed).
+    """
+    if not stats(table, "ce", BEST_ECE).n:
+        return []
+    lines = [
+        "",
+        "Post-hoc arms. Every post-hoc method of the package, with its default "
+        "hyper-parameters, fitted on the validation split's logits (the split temperature "
+        "scaling uses) and scored on the test split; *best*: the method (or none) with the "
+        "lowest 5-fold cross-validated NLL on the validation split, refitted on all of it. "
+        "Same seeds and split as above; each comparison is decided over the paired seeds as "
+        f"above (ECE margin ±{ECE_MARGIN}).",
+        "",
+        f"| CE + | test ECE | test NLL | ECE below CE + TS's (±{ECE_MARGIN}) | fell back "
+        "(seeds) | chosen as best (seeds) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method in POSTHOC_METHODS:
+        ece = posthoc_key(method, "test_ece")
+        if not stats(table, "ce", ece).n:
+            continue
+        versus = compare(
+            table,
+            f"ECE(ce + {method}) < ECE(ce + TS)",
+            "ce",
+            "<",
+            "ce",
+            ece,
+            right_metric=TS_ECE,
+            margin=ECE_MARGIN,
+        )
+        fell, seeds = _seeds_with(table, "ce", posthoc_key(method, "fallback"))
+        chosen, _ = _seeds_with(table, "ce", posthoc_key(method, "chosen"))
+        lines.append(
+            f"| {method} | {_mean_std(table, 'ce', ece)} "
+            f"| {_mean_std(table, 'ce', posthoc_key(method, 'test_nll'))} | {mark(versus)} "
+            f"| {fell} of {seeds} | {chosen} of {seeds} |"
+        )
+    best_versus_ts = compare(
+        table,
+        "ECE(ce + best) < ECE(ce + TS)",
+        "ce",
+        "<",
+        "ce",
+        BEST_ECE,
+        right_metric=TS_ECE,
+        margin=ECE_MARGIN,
+    )
+    lines += [
+        f"| best ({chosen_text(table, 'ce')}) | {_mean_std(table, 'ce', BEST_ECE)} "
+        f"| {_mean_std(table, 'ce', BEST_NLL)} | {mark(best_versus_ts)} | - | - |",
+        "",
+        f"Each loss plus its best method against CE plus its best method (ECE margin "
+        f"±{ECE_MARGIN}):",
+        "",
+        "| loss | best method (seeds) | test ECE, loss + best | test ECE below CE + best's |",
+        "|---|---|---|---|",
+    ]
+    for name in CALIBRATION_LOSSES:
+        if not stats(table, name, BEST_ECE).n:
+            continue
+        lines.append(
+            f"| {name} | {chosen_text(table, name)} | {_mean_std(table, name, BEST_ECE)} "
+            f"| {mark(_best_against_ce(table, name))} |"
+        )
+    best = best_loss(table)
+    if best is not None:
+        lines += [
+            "",
+            f"The best loss plus the best method: {best} (the lowest mean cross-validated NLL "
+            "of its best method on the validation split, so not chosen on the test split); "
+            f"ECE({best} + best) < ECE(ce + best): {mark(_best_against_ce(table, best))}.",
+        ]
     return lines
+
+
+def _best_against_ce(table: Table, name: str) -> Condition:
+    """``ECE(name + best) < ECE(ce + best)`` over the paired seeds, ECE margin."""
+    return compare(
+        table,
+        f"ECE({name} + best) < ECE(ce + best)",
+        name,
+        "<",
+        "ce",
+        BEST_ECE,
+        margin=ECE_MARGIN,
+    )
 
 
 CLAIM_8 = Claim(
@@ -613,6 +789,7 @@ CLAIM_8 = Claim(
     "mixed if some hold and some fail; else undecided. (c) and (d) are answered in the per-loss "
     "table, not in the verdict.",
     extra=calibration_markdown,
+    extra_metrics=POSTHOC_METRICS,
 )
 
 

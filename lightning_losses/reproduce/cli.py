@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args = build_parser().parse_args(["--claims", "3", "--seeds", "1"])
         >>> args.claims, args.seeds, args.jobs, args.out, args.fresh, args.verbose
         ([3], 1, 1, None, False, False)
+        >>> args.post_fit_only
+        False
     """
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument(
@@ -129,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--post-fit-only",
+        action="store_true",
+        help=(
+            "train nothing: reuse complete runs of other code versions (same config, "
+            "overrides, seed and epochs) and compute the post-fit metrics they lack (the "
+            "post-hoc calibrators' arms) from their last checkpoints"
+        ),
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show Lightning's and MLflow's output and each fit's own summary lines",
@@ -152,6 +163,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.seeds < 1 or args.epochs_scale <= 0 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1 and --epochs-scale > 0")
+    if args.fresh and args.post_fit_only:
+        parser.error("--fresh trains every run again and --post-fit-only trains none: pick one")
     args.out_given = args.out is not None
     args.out = output_folder(args)
     return args

@@ -39,6 +39,7 @@ from lightning_losses.reproduce.report import (
 )
 from lightning_losses.reproduce.runner import (
     COMPLETE_TAG,
+    POST_FIT_VERSION_TAG,
     client_for,
     find_run,
     run_or_reuse,
@@ -50,6 +51,8 @@ __all__ = ["reproduce", "reproduce_all", "reproduce_claim", "run_claim", "run_co
 
 #: Tracking URI used when neither ``--tracking-uri`` nor ``MLFLOW_TRACKING_URI`` is set.
 DEFAULT_URI = "sqlite:///mlflow.db"
+#: A reused run that took this long under ``--post-fit-only`` was completed (for the ETA).
+COMPLETION_SECONDS = 1.0
 
 
 def threshold_run(
@@ -110,10 +113,13 @@ def _run_one(
     tracking_uri: str,
     out: Path,
     since_ms: int | None = None,
+    post_fit_only: bool = False,
 ) -> tuple[str, bool, float]:
     started = time.perf_counter()
     with fit_output_aside():  # the progress line says what matters; the run is in MLflow
-        run_id, reused = run_or_reuse(claim, variant, seed, scale, tracking_uri, out, since_ms)
+        run_id, reused = run_or_reuse(
+            claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only
+        )
     return run_id, reused, time.perf_counter() - started
 
 
@@ -125,11 +131,15 @@ def run_claim(
     out: Path,
     jobs: int = 1,
     since_ms: int | None = None,
+    post_fit_only: bool = False,
 ) -> tuple[dict[tuple[str, int], str], int, list[str]]:
     """Run or reuse every (variant, seed) of a claim, ``jobs`` fits at a time.
 
     A run is reused only when it has the same tags, the code version included; with
-    ``since_ms`` (``--fresh``) only when it also started at or after it.
+    ``since_ms`` (``--fresh``) only when it also started at or after it. ``post_fit_only``
+    (``--post-fit-only``): nothing is trained; a run of another code version is reused and
+    the post-fit metrics it lacks are computed from its checkpoint
+    (:func:`~lightning_losses.reproduce.runner.run_or_reuse`).
 
     With ``jobs > 1`` the fits run in that many worker processes (each with
     ``cpu_count // jobs`` torch threads); MLflow's SQLite store takes their writes in turn.
@@ -161,15 +171,21 @@ def run_claim(
         run_id, reused, seconds = outcome
         runs[(variant.name, seed)] = run_id
         reused_count += reused
-        trained_count += not reused
+        # the pace: fits, and with --post-fit-only the runs completed from their checkpoints
+        completed = post_fit_only and reused and seconds >= COMPLETION_SECONDS
+        trained_count += not reused or completed
         eta = eta_text(time.perf_counter() - started, trained_count, len(tasks) - k)
         state = "reused" if reused else f"{seconds:.1f} s"
+        if completed:
+            state = f"reused, post-fit metrics completed in {seconds:.1f} s"
         print(f"{where}: {run_id} ({state}) ETA {eta}", flush=True)
 
     if jobs <= 1:
         for k, (variant, seed) in enumerate(tasks, 1):
             try:
-                outcome: Any = _run_one(claim, variant, seed, scale, tracking_uri, out, since_ms)
+                outcome: Any = _run_one(
+                    claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only
+                )
             except (Exception, SystemExit) as error:  # SystemExit: the CLI rejected the config
                 outcome = error
             report(k, variant, seed, outcome)
@@ -190,7 +206,17 @@ def run_claim(
             (
                 variant,
                 seed,
-                pool.submit(_run_one, portable, variant, seed, scale, tracking_uri, out, since_ms),
+                pool.submit(
+                    _run_one,
+                    portable,
+                    variant,
+                    seed,
+                    scale,
+                    tracking_uri,
+                    out,
+                    since_ms,
+                    post_fit_only,
+                ),
             )
             for variant, seed in tasks
         ]
@@ -255,9 +281,12 @@ def reproduce_claim(
     out: Path,
     jobs: int = 1,
     since_ms: int | None = None,
+    post_fit_only: bool = False,
 ) -> ClaimResult:
     """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
-    runs, reused, failures = run_claim(claim, seeds, scale, tracking_uri, out, jobs, since_ms)
+    runs, reused, failures = run_claim(
+        claim, seeds, scale, tracking_uri, out, jobs, since_ms, post_fit_only
+    )
     result = collect(claim, runs, tracking_uri)
     result.reused = reused
     result.failures = failures
@@ -274,9 +303,10 @@ def reproduce(
     scale: float,
     jobs: int = 1,
     fresh: bool = False,
+    post_fit_only: bool = False,
 ) -> Path:
     """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
-    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs, fresh)[0]
+    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs, fresh, post_fit_only)[0]
 
 
 def display_uri(uri: str) -> str:
@@ -306,11 +336,14 @@ def reproduce_all(
     scale: float,
     jobs: int = 1,
     fresh: bool = False,
+    post_fit_only: bool = False,
 ) -> tuple[Path, list[ClaimResult]]:
     """:func:`reproduce`, also returning each claim's result (failed runs included).
 
     ``fresh``: reuse no run made before this call; every run is trained again (a run this
     call made, such as claim 7's CNN for claim 8's cross-entropy arm, is still shared).
+    ``post_fit_only``: train nothing; reuse runs of other code versions and complete their
+    post-fit metrics from their checkpoints (``--post-fit-only``).
     """
     from lightning_losses.tracking import resolve_tracking_uri
 
@@ -319,7 +352,10 @@ def reproduce_all(
     started = time.perf_counter()
     # MLflow's start times are whole milliseconds; a run started in this call is not earlier.
     since_ms = int(time.time() * 1000) - 1 if fresh else None
-    results = [reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs, since_ms) for n in claims]
+    results = [
+        reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs, since_ms, post_fit_only)
+        for n in claims
+    ]
     more = [
         f"claim {n}: {CLAIMS[n].seeds(seeds)}" for n in claims if CLAIMS[n].seeds(seeds) > seeds
     ]
@@ -335,6 +371,15 @@ def reproduce_all(
         "run of another code version is never reused"
         + ("; `--fresh`: no run made before this invocation was reused." if fresh else "."),
     ]
+    if post_fit_only:
+        header.append(
+            "`--post-fit-only`: nothing was trained. Where no run of this code version was "
+            "found, a complete run of another one was reused (the same config text, or that "
+            "text with class paths spelt as before a move, the same overrides, seed and "
+            "epochs), and the post-fit metrics it lacked were computed from its last "
+            "checkpoint by this code version (the run's MLflow tag "
+            f"`{POST_FIT_VERSION_TAG}`), once every metric it had came out exactly as stored."
+        )
     if any(CLAIMS[n].seeds(seeds) < 2 for n in claims if n != 1):
         header.append(
             "With one seed the ± columns are 0 and say nothing about noise: a difference "
@@ -364,6 +409,7 @@ def run_command(args: argparse.Namespace) -> int:
         args.epochs_scale,
         args.jobs,
         args.fresh,
+        args.post_fit_only,
     )
     print(f"report: {path}")
     failed = sum(len(r.failures) for r in results)

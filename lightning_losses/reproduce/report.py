@@ -126,6 +126,7 @@ def collect(claim: Claim, runs: dict[tuple[str, int], str], tracking_uri: str) -
     keys = [key for key, _ in claim.metrics]
     if claim.number != 1:
         keys += ["rep/test_acc", "rep/test_pr_auc", "rep/scale", "rep/test_ece"]
+        keys += claim.extra_metrics
     else:
         keys = sorted({k for m in metrics.values() for k in m})
     table = aggregate(runs, metrics, list(dict.fromkeys(keys)))

@@ -10,8 +10,13 @@ run of other code is never reused.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import math
+import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +48,21 @@ PR_ARTIFACT = "reproduce/test_pr_curve.json"
 PR_POINTS = 200
 #: Precision at which the rare class's recall is read.
 RECALL_AT_PRECISION = 0.9
+#: Prefix of the post-hoc arms' metrics (``ph_<method>_test_<m>``, ``ph_best_test_<m>``...).
+POSTHOC_PREFIX = "ph_"
+#: Tag naming the post-hoc method chosen on the validation split by cross-validated NLL.
+POSTHOC_BEST_TAG = "ph_best_method"
+#: Floor of a calibrated probability of the true class in the post-hoc arms' NLL.
+NLL_FLOOR = 1e-12
+#: Folds of that choice (:func:`~lightning_losses.calibration.posthoc.select_calibrator`).
+POSTHOC_FOLDS = 5
+#: Metrics logged in one ``log_batch`` call (MLflow takes at most 1,000).
+METRICS_PER_BATCH = 500
+#: Tag of a run whose post-fit metrics a later code version completed (``--post-fit-only``).
+POST_FIT_VERSION_TAG = "lightning_losses.post_fit_code_version"
+#: Post-fit metrics that later code added, by the metric marking the runs that get them: a
+#: multiclass run (it has ``temperature``) gets the post-hoc arms (``ph_best_test_ece``...).
+ADDED_POST_FIT = {"temperature": "ph_best_test_ece"}
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -190,6 +210,35 @@ def multiclass_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, 
     }
 
 
+def probability_metrics(probs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """:func:`multiclass_metrics` of calibrated probabilities ``[N, C]`` (float64).
+
+    A calibrator may give a class the probability 0 (histogram binning, isotonic regression),
+    which no logit does: the NLL floors each ``p_y`` at :data:`NLL_FLOOR` (a sample with
+    ``p_y = 0`` adds ``-log 1e-12 = 27.6``), so that it stays finite and comparable.
+
+    Example:
+        >>> probs = torch.tensor([[0.8, 0.2, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
+        >>> m = probability_metrics(probs, torch.tensor([0, 2]))
+        >>> m["acc"], round(m["nll"], 4), round(m["conf_gap"], 2)
+        (0.5, 13.9271, 0.15)
+    """
+    from lightning_losses.calibration import brier_score, calibration_error
+
+    confidence, predicted = probs.max(dim=1)
+    accuracy = float((predicted == target).double().mean())
+    picked = probs.gather(1, target[:, None].long())[:, 0]
+    return {
+        "acc": accuracy,
+        "nll": float(-picked.clamp_min(NLL_FLOOR).log().mean()),
+        "ece": float(
+            calibration_error(probs, target, n_bins=N_BINS, input_format="probs", task="multiclass")
+        ),
+        "brier": float(brier_score(probs, target, input_format="probs", task="multiclass")),
+        "conf_gap": float(confidence.mean()) - accuracy,
+    }
+
+
 def binary_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
     """Rare-class PR-AUC, F1 at 0.5, recall at precision >= 0.9, ECE and NLL (sklearn)."""
     from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve
@@ -244,21 +293,100 @@ def pr_curve(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float
     return {"precision": precision[keep].tolist(), "recall": recall[keep].tolist()}
 
 
-def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dict[str, Any]]:
-    """Metrics of the fitted model on test, val and train, plus test artifacts.
+def posthoc_methods(num_classes: int) -> list[str]:
+    """The registry's post-hoc methods that apply to ``num_classes`` classes (in its order).
+
+    Example:
+        >>> "beta" in posthoc_methods(2), "beta" in posthoc_methods(10)
+        (True, False)
+    """
+    from lightning_losses.calibration.posthoc import CALIBRATION_METHODS, get_calibrator
+
+    methods = []
+    for method in CALIBRATION_METHODS:
+        try:
+            get_calibrator(method).check_classes(num_classes)
+        except ValueError:  # e.g. beta calibration: binary tasks only
+            continue
+        methods.append(method)
+    return methods
+
+
+def posthoc_metrics(
+    val: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Every post-hoc method fitted on the validation logits, scored on the test split.
+
+    For each method of :func:`posthoc_methods` (fitted on ``val``, its default
+    hyper-parameters): ``ph_<method>_test_<m>`` (the multiclass metrics of its calibrated
+    log-probabilities on ``test``), ``ph_<method>_fallback`` (1 when the fit fell back to the
+    identity, e.g. fewer validation samples than parameters; its warning is replaced by this
+    number) and ``ph_<method>_cv_nll`` (its cross-validated NLL on ``val``,
+    :data:`POSTHOC_FOLDS` folds). The method
+    :func:`~lightning_losses.calibration.posthoc.select_calibrator` chooses by that NLL (the
+    identity ``none`` included) gives ``ph_best_test_<m>``, ``ph_best_cv_nll`` and
+    ``ph_<method>_chosen`` (1 for the chosen one, else 0), and its name is the tag
+    :data:`POSTHOC_BEST_TAG`.
+
+    Returns:
+        ``(metrics, tags)``.
+    """
+    import warnings
+
+    from lightning_losses.calibration.posthoc import get_calibrator, select_calibrator
+    from lightning_losses.warning import LightningLossesWarning
+
+    (val_logits, val_target), (test_logits, test_target) = val, test
+    methods = posthoc_methods(val_logits.shape[1])
+    metrics: dict[str, float] = {}
+
+    def scored(name: str, calibrator: Any) -> None:
+        with torch.no_grad():
+            probs = calibrator(test_logits.double()).exp()
+        metrics.update(
+            {
+                f"{POSTHOC_PREFIX}{name}_test_{k}": v
+                for k, v in probability_metrics(probs, test_target).items()
+            }
+        )
+
+    with warnings.catch_warnings():  # a fallback is logged as ph_<method>_fallback instead
+        warnings.simplefilter("ignore", LightningLossesWarning)
+        for method in methods:
+            calibrator = get_calibrator(method).fit(val_logits, val_target)
+            scored(method, calibrator)
+            metrics[f"{POSTHOC_PREFIX}{method}_fallback"] = float(bool(calibrator.fallback))
+        choice = select_calibrator(
+            [get_calibrator(m) for m in methods], val_logits, val_target, folds=POSTHOC_FOLDS
+        )
+    scored("best", choice.calibrator)
+    for method in methods:
+        metrics[f"{POSTHOC_PREFIX}{method}_cv_nll"] = choice.scores[method]
+        metrics[f"{POSTHOC_PREFIX}{method}_chosen"] = float(choice.method == method)
+    metrics[f"{POSTHOC_PREFIX}best_cv_nll"] = choice.scores[choice.method]
+    return metrics, {POSTHOC_BEST_TAG: choice.method}
+
+
+def post_fit_metrics(
+    model: Any, datamodule: Any
+) -> tuple[dict[str, float], dict[str, Any], dict[str, str]]:
+    """Metrics of the fitted model on test, val and train, plus test artifacts and tags.
 
     Keys: ``test_<m>``, ``val_<m>``, ``train_<m>``, ``nll_gap`` (val NLL - train NLL) and
     ``scale`` (the cosine head's final scale) where the model has one. For multiclass models
     also the temperature ``T`` fitted on the validation split
-    (:func:`~lightning_losses.calibration.scaling.fit_temperature`) as ``temperature`` and the
-    test metrics of ``logits / T`` as ``ts_test_<m>``. A DataModule with ``extra_splits``
-    (MNIST-1D's published test split beside a generated test set: ``published_test``) gets
-    ``<split>_<m>`` of those too. Artifacts, by path: the test reliability bins before and
-    after scaling (multiclass) or the test precision-recall curve (binary).
+    (:func:`~lightning_losses.calibration.posthoc.temperature.fit_temperature`) as
+    ``temperature`` and the test metrics of ``logits / T`` as ``ts_test_<m>``, and the post-hoc
+    arms of :func:`posthoc_metrics` (``ph_<method>_test_<m>``, ``ph_best_test_<m>``...). A
+    DataModule with ``extra_splits`` (MNIST-1D's published test split beside a generated test
+    set: ``published_test``) gets ``<split>_<m>`` of those too. Artifacts, by path: the test
+    reliability bins before and after scaling (multiclass) or the test precision-recall curve
+    (binary). Tags: the post-hoc method chosen (:data:`POSTHOC_BEST_TAG`, multiclass).
     """
     compute = SPLIT_METRICS[model.task]
     metrics: dict[str, float] = {}
     artifacts: dict[str, Any] = {}
+    tags: dict[str, str] = {}
     logits_of = {}
     for split in ("test", "val", "train", *getattr(datamodule, "extra_splits", ())):
         logits, target = predict_logits(model, datamodule, split)
@@ -269,7 +397,7 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
         if split == "test" and model.task == "binary":
             artifacts[PR_ARTIFACT] = pr_curve(logits, target)
     if model.task == "multiclass":
-        from lightning_losses.calibration.scaling import fit_temperature
+        from lightning_losses.calibration.posthoc.temperature import fit_temperature
 
         temperature = fit_temperature(*logits_of["val"])
         scaled = logits_of["test"][0] / temperature
@@ -277,11 +405,13 @@ def post_fit_metrics(model: Any, datamodule: Any) -> tuple[dict[str, float], dic
         metrics["temperature"] = temperature
         metrics.update({f"ts_test_{k}": v for k, v in compute(scaled, target).items()})
         artifacts[SCALED_BINS_ARTIFACT] = reliability_bins(scaled, target)
+        posthoc, tags = posthoc_metrics(logits_of["val"], logits_of["test"])
+        metrics.update(posthoc)
     metrics["nll_gap"] = metrics["val_nll"] - metrics["train_nll"]
     scale = getattr(model.head, "scale", None)
     if scale is not None:
         metrics["scale"] = float(scale)
-    return metrics, artifacts
+    return metrics, artifacts, tags
 
 
 def log_post_fit(
@@ -297,8 +427,15 @@ def log_post_fit(
     the command line a fingerprint such as ``247691913e07`` is read as the number
     ``2.47691913e+15`` and stored so, and the run would never be found for reuse.
     """
-    for key, value in metrics.items():
-        client.log_metric(run_id, PREFIX + key, value if math.isfinite(value) else float("nan"))
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    entries = [
+        Metric(PREFIX + key, value if math.isfinite(value) else float("nan"), now, 0)
+        for key, value in metrics.items()
+    ]
+    for start in range(0, len(entries), METRICS_PER_BATCH):  # one write per batch, not per value
+        client.log_batch(run_id, metrics=entries[start : start + METRICS_PER_BATCH])
     for path, content in artifacts.items():
         client.log_dict(run_id, content, path)
     for key, tag in tags.items():
@@ -322,10 +459,11 @@ def train_variant(
             f"such as lightning_losses.tracking.TrackingLogger); got {type(logger).__name__}"
         )
     run_id = logger.run_id
-    metrics, artifacts = post_fit_metrics(cli.model, cli.datamodule)
+    metrics, artifacts, tags = post_fit_metrics(cli.model, cli.datamodule)
     client = client_for(tracking_uri)
     metrics.update(curve_summary(client, run_id))
-    log_post_fit(client, run_id, metrics, artifacts, run_tags(claim, variant, seed, epochs))
+    tags.update(run_tags(claim, variant, seed, epochs))
+    log_post_fit(client, run_id, metrics, artifacts, tags)
     return run_id
 
 
@@ -351,12 +489,18 @@ def run_or_reuse(
     tracking_uri: str,
     out: Path,
     since_ms: int | None = None,
+    post_fit_only: bool = False,
 ) -> tuple[str, bool]:
     """Run id of ``variant`` with ``seed``: an existing complete run, else a new one.
 
     An existing run counts only with the same tags (:func:`run_tags`: the same config,
     overrides, seed, epochs and code version) and, with ``since_ms``, only when it started at
     or after it (``reproduce --fresh`` passes the start of the invocation).
+
+    ``post_fit_only`` (``reproduce --post-fit-only``) trains nothing: without a run of this
+    code version, a complete run of another one is reused (:func:`find_trained_run`) and the
+    post-fit metrics it lacks are computed from its last checkpoint
+    (:func:`complete_post_fit`); without either, it raises ``LookupError``.
 
     Returns:
         ``(run_id, reused)``.
@@ -369,7 +513,201 @@ def run_or_reuse(
     )
     if found is not None:
         return found, True
+    if post_fit_only:
+        found = find_trained_run(client, variant, seed, epochs)
+        if found is None:
+            raise LookupError(
+                f"--post-fit-only trains nothing, and no complete run of {variant.name} with "
+                f"seed {seed} and {epochs} epochs (config {variant.config!r} and its overrides, "
+                "in this layout or an earlier one) is in the store; run without "
+                "--post-fit-only to train it"
+            )
+        complete_post_fit(client, found, runs_folder(tracking_uri, out))
+        return found, True
     return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
+
+
+#: Most spellings of a config tried by :func:`layout_fingerprints`.
+MAX_LAYOUTS = 1 << 16
+
+
+def _fingerprint(text: str, overrides: tuple[str, ...]) -> str:
+    """:meth:`Variant.fingerprint` of a config text (SHA-1 of it and the overrides, 12 digits)."""
+    digest = hashlib.sha1(text.encode())
+    for override in overrides:
+        digest.update(b"\0" + override.encode())
+    return digest.hexdigest()[:12]
+
+
+def layout_fingerprints(variant: Variant) -> set[str]:
+    """The fingerprints of the variant's config as each earlier layout of the package spelt it.
+
+    Its text with any of its class paths written as before a move of
+    :data:`~lightning_losses.cli.moved.MOVED` (``lightning_losses.lightning.CNN1D`` was
+    ``lightning_losses.backbones.CNN1D`` before 0.2.0), every combination, and the text as it
+    is (:meth:`Variant.fingerprint`). A run whose ``variant_fingerprint`` is among them was
+    made from this config and these overrides, with nothing changed but moved class paths.
+
+    Example:
+        >>> from lightning_losses.reproduce.claims import CLAIMS
+        >>> cnn = CLAIMS[7].variant("cnn")
+        >>> cnn.fingerprint() in layout_fingerprints(cnn)
+        True
+    """
+    from lightning_losses.cli.moved import MOVED
+
+    text = Path(config_path(variant.config)).read_text()
+    paths = sorted(set(re.findall(r"class_path:\s*([\w.]+)", text)))
+    spellings = [
+        [path, *(old + path[len(new) :] for old, (new, _) in MOVED.items() if path.startswith(new))]
+        for path in paths
+    ]
+    found = set()
+    for spelling in itertools.islice(itertools.product(*spellings), MAX_LAYOUTS):
+        written = text
+        for path, old in zip(paths, spelling, strict=True):
+            if old != path:
+                pattern = r"(class_path:\s*)" + re.escape(path) + r"(?![\w.])"
+                written = re.sub(pattern, _keep_prefix(old), written)
+        found.add(_fingerprint(written, variant.overrides))
+    return found
+
+
+def find_trained_run(client: MlflowClient, variant: Variant, seed: int, epochs: int) -> str | None:
+    """The newest complete run of ``variant`` with ``seed`` and ``epochs``, of any code version.
+
+    The run may belong to any claim (as :func:`find_equivalent_run`); its
+    ``variant_fingerprint`` must be one of :func:`layout_fingerprints`.
+    """
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return None
+    accepted = layout_fingerprints(variant)
+    runs = client.search_runs(
+        experiments,
+        filter_string=_clauses({"seed": str(seed), "epochs": str(epochs)}, None),
+        order_by=["attributes.start_time DESC"],
+        max_results=1000,
+    )
+    for run in runs:
+        if run.data.tags.get("variant_fingerprint") in accepted:
+            return run.info.run_id
+    return None
+
+
+def _moved_class_paths(value: Any) -> Any:
+    """``value`` (a config or hyper-parameters) with every moved ``class_path`` written anew."""
+    from lightning_losses.cli.moved import MOVED
+
+    if isinstance(value, list):
+        return [_moved_class_paths(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    moved = {key: _moved_class_paths(item) for key, item in value.items()}
+    path = moved.get("class_path")
+    if isinstance(path, str):
+        for old, (new, _) in MOVED.items():
+            if path.startswith(old):
+                moved["class_path"] = new + path[len(old) :]
+    return moved
+
+
+def _keep_prefix(replacement: str) -> Callable[[re.Match[str]], str]:
+    """A ``re.sub`` replacement: the match's first group, then ``replacement``."""
+
+    def replace(match: re.Match[str]) -> str:
+        return match[1] + replacement
+
+    return replace
+
+
+def _import_class(path: str) -> Any:
+    from lightning_losses.lightning.class_path import import_path
+
+    return import_path(path, argument="class_path of the run's config.yaml")
+
+
+def load_fitted_run(folder: Path) -> tuple[Any, Any]:
+    """The fitted model of a run folder (``checkpoints/last.ckpt``) and its DataModule.
+
+    The DataModule is built from the run's ``config.yaml`` (its ``data`` section), the model
+    from the checkpoint's hyper-parameters, both with moved class paths written anew.
+
+    Raises:
+        FileNotFoundError: the folder lacks ``config.yaml`` or ``checkpoints/last.ckpt``.
+    """
+    import yaml
+
+    from lightning_losses.lightning.classifier import ClassifierModule
+
+    config_file, checkpoint = folder / "config.yaml", folder / "checkpoints" / "last.ckpt"
+    for path in (config_file, checkpoint):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: completing a run's post-fit metrics needs the config.yaml "
+                "and the checkpoints/last.ckpt its fit saved beside the MLflow store"
+            )
+    config = _moved_class_paths(yaml.safe_load(config_file.read_text()))
+    data = config["data"]
+    datamodule = _import_class(data["class_path"])(**(data.get("init_args") or {}))
+    model_class = config.get("model", {}).get("class_path")
+    cls = _import_class(model_class) if model_class else ClassifierModule
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    hparams = _moved_class_paths(dict(saved.get("hyper_parameters") or {}))
+    hparams.pop("_instantiator", None)
+    model = cls.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True, **hparams)
+    return model, datamodule
+
+
+def needs_completion(stored: dict[str, float]) -> bool:
+    """Whether a run lacks post-fit metrics that this code adds (:data:`ADDED_POST_FIT`)."""
+    return any(
+        PREFIX + marker in stored and PREFIX + added not in stored
+        for marker, added in ADDED_POST_FIT.items()
+    )
+
+
+def complete_post_fit(client: MlflowClient, run_id: str, folder: Path) -> bool:
+    """Log the post-fit metrics a run lacks, computed from its last checkpoint; whether it did.
+
+    Nothing happens unless :func:`needs_completion`. The model of ``<folder>/<experiment
+    id>/<run id>/checkpoints/last.ckpt`` (:func:`load_fitted_run`) is scored again by
+    :func:`post_fit_metrics`; every metric the run already has must come out exactly as
+    stored (the checkpoint holds the weights the run's numbers came from), else nothing is
+    logged. Then the missing metrics and the new tags are logged, with
+    :data:`POST_FIT_VERSION_TAG` set to this code version.
+
+    Raises:
+        ValueError: a recomputed metric differs from the stored one.
+    """
+    run = client.get_run(run_id)
+    stored = read_metrics(client, run_id)
+    if not needs_completion(stored):
+        return False
+    model, datamodule = load_fitted_run(folder / run.info.experiment_id / run_id)
+    metrics, _, tags = post_fit_metrics(model, datamodule)
+    differ = {
+        key: (value, stored[PREFIX + key])
+        for key, value in metrics.items()
+        if PREFIX + key in stored and not _same(value, stored[PREFIX + key])
+    }
+    if differ:
+        shown = "; ".join(
+            f"{PREFIX}{k} {new!r} != stored {old!r}" for k, (new, old) in differ.items()
+        )
+        raise ValueError(
+            f"run {run_id}: its last checkpoint does not reproduce its stored metrics "
+            f"({shown}); its post-fit metrics are left as they are"
+        )
+    missing = {key: value for key, value in metrics.items() if PREFIX + key not in stored}
+    tags[POST_FIT_VERSION_TAG] = version.code_version()
+    log_post_fit(client, run_id, missing, {}, tags)
+    return True
+
+
+def _same(new: float, stored: float) -> bool:
+    """Equal, or both not finite (a non-finite value is stored as NaN)."""
+    return new == stored or (not math.isfinite(new) and math.isnan(stored))
 
 
 def read_code_version(client: MlflowClient, run_id: str) -> str:

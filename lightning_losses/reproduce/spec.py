@@ -560,6 +560,8 @@ class Claim:
         fixed_variants: the runs when they do not come from an experiment file.
         extra: more markdown for the claim's section, built from the table (per-loss
             verdicts, published numbers beside ours).
+        extra_metrics: MLflow metric keys that ``extra`` reads beyond ``metrics`` (in the
+            table and the appendix, not columns).
     """
 
     number: int
@@ -571,6 +573,7 @@ class Claim:
     rule: str = ""
     fixed_variants: tuple[Variant, ...] = ()
     extra: Callable[[Table], list[str]] | None = None
+    extra_metrics: tuple[str, ...] = ()
 
     @property
     def experiment(self) -> str:

@@ -1,9 +1,9 @@
-"""Reliability diagrams, the netcal bridge and temperature scaling.
+"""Reliability diagrams and the netcal bridge.
 
 References are written here independently of the code under test: per-bin statistics and ECE by
-an explicit loop over bin masks in NumPy, NLL by a NumPy log-sum-exp, netcal's own classes
-called directly, a 1-D grid search for the binary temperature, and the pixels of the saved PNG
-located through the axes' data-to-pixel transform.
+an explicit loop over bin masks in NumPy, netcal's own classes called directly, and the pixels
+of the saved PNG located through the axes' data-to-pixel transform. Temperature scaling is
+tested in tests/calibration/posthoc/test_temperature.py.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_losses.calibration import diagram, netcal_bridge, scaling
+from lightning_losses.calibration import diagram, netcal_bridge
 from lightning_losses.calibration.diagram import reliability_diagram, save_reliability_diagram
 from lightning_losses.calibration.netcal_bridge import (
     netcal_metrics,
     netcal_reliability_diagram,
     to_netcal,
 )
-from lightning_losses.calibration.scaling import TemperatureScaler, fit_temperature
+from lightning_losses.calibration.posthoc import temperature
 
 N_BINS = 10
 TAB_BLUE = np.array([0x1F, 0x77, 0xB4]) / 255.0
@@ -60,17 +60,6 @@ def reference_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> f
                 count[k] / len(confidence) * abs(correct_sum[k] / count[k] - conf_sum[k] / count[k])
             )
     return ece
-
-
-def reference_nll(logits: np.ndarray, target: np.ndarray, temperature: float) -> float:
-    """Mean NLL of softmax(z / T) (or sigmoid(z / T) for 1-D z) in NumPy float64."""
-    z = logits / temperature
-    if z.ndim == 1:  # -log sigmoid(s) = log(1 + exp(-s)) with s = +z for y = 1, -z for y = 0
-        s = np.where(target == 1, z, -z)
-        return float(np.mean(np.logaddexp(0.0, -s)))
-    m = z.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
-    return float(np.mean(lse - z[np.arange(len(z)), target]))
 
 
 def overconfident_logits(n: int, n_classes: int, factor: float, seed: int):
@@ -217,7 +206,7 @@ def test_no_pyplot_figures_and_lazy_imports(tmp_path, sample_bins):
 
     # torchmetrics (imported by the package) already loads matplotlib, so for matplotlib the
     # check is on the source: no module-level import outside `if TYPE_CHECKING:`.
-    for module in (diagram, netcal_bridge, scaling):
+    for module in (diagram, netcal_bridge, temperature):
         for node in ast.parse(Path(module.__file__).read_text()).body:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
@@ -305,138 +294,3 @@ def test_netcal_reliability_diagram_png(tmp_path):
     assert len(np.unique(np.round(rgb * 255), axis=0)) > 50
     assert (rgb.min(axis=1) < 0.9).mean() > 0.05
     assert [ax.get_title() for ax in fig.axes] == ["Confidence Histogram", "Reliability Diagram"]
-
-
-# --------------------------------------------------------------------- temperature scaling
-
-
-@pytest.fixture(scope="module")
-def overconfident():
-    logits, target = overconfident_logits(20000, 10, 3.0, seed=6)
-    # netcal takes log(p) clipped at float64 eps; with no probability below eps its input is
-    # exactly these logits up to a per-row shift, so both fits see the same problem.
-    assert logits.log_softmax(dim=1).min() > math.log(np.finfo(np.float64).eps)
-    return logits, target, TemperatureScaler().fit(logits, target)
-
-
-def test_temperature_recovers_the_overconfidence_factor(overconfident):
-    logits, target, scaler = overconfident
-    assert scaler.temperature == pytest.approx(3.0, rel=0.03)
-    assert scaler.temperature == fit_temperature(logits, target)
-
-    report = scaler.report(logits, target, n_bins=15)
-    assert report["temperature"] == scaler.temperature
-    assert report["ece_after"] < 0.3 * report["ece_before"]
-    assert report["nll_after"] < report["nll_before"]
-
-    z, y = logits.numpy(), target.numpy()
-    assert report["nll_before"] == pytest.approx(reference_nll(z, y, 1.0), rel=1e-12)
-    assert report["nll_after"] == pytest.approx(reference_nll(z, y, scaler.temperature), rel=1e-12)
-    for key, t in (("ece_before", 1.0), ("ece_after", scaler.temperature)):
-        probs = torch.softmax(logits / t, dim=1).numpy()
-        correct = (probs.argmax(axis=1) == y).astype(np.float64)
-        assert report[key] == pytest.approx(reference_ece(probs.max(axis=1), correct, 15), rel=1e-9)
-
-
-def test_fitted_temperature_is_a_minimum_of_the_nll(overconfident):
-    logits, target, scaler = overconfident
-    z, y, t = logits.numpy(), target.numpy(), scaler.temperature
-    best = reference_nll(z, y, t)
-    assert best < reference_nll(z, y, t * 1.05)
-    assert best < reference_nll(z, y, t / 1.05)
-    assert best <= reference_nll(z, y, t * (1 + 1e-4))
-    assert best <= reference_nll(z, y, t / (1 + 1e-4))
-
-
-def test_temperature_matches_netcal(overconfident):
-    from netcal.scaling import TemperatureScaling
-
-    logits, target, scaler = overconfident
-    netcal_ts = TemperatureScaling(method="mle")
-    netcal_ts.fit(logits.softmax(dim=1).numpy(), target.numpy())
-    # netcal's "temperature" is the weight w of softmax(w * log p), i.e. 1 / T.
-    netcal_temperature = 1.0 / float(netcal_ts.temperature[0])
-    assert netcal_temperature == pytest.approx(scaler.temperature, rel=1e-3)
-
-
-def test_binary_temperature_matches_grid_search():
-    from netcal.scaling import TemperatureScaling
-
-    g = torch.Generator().manual_seed(7)
-    true_logit = 1.5 * torch.randn(5000, generator=g, dtype=torch.float64)
-    target = torch.bernoulli(torch.sigmoid(true_logit), generator=g)
-    logits = 2.5 * true_logit
-    t = fit_temperature(logits, target)
-
-    z, y = logits.numpy(), target.numpy()
-    grid = np.arange(1.0, 5.0, 1e-3)
-    nll = np.array([reference_nll(z, y, s) for s in grid])
-    best = grid[nll.argmin()]
-    assert best > 1.0
-    assert best < 5.0 - 1e-3  # an interior minimum
-    assert t == pytest.approx(grid[nll.argmin()], abs=1.5e-3)
-    assert reference_nll(z, y, t) <= nll.min() + 1e-12
-    assert t == pytest.approx(2.5, rel=0.08)
-
-    netcal_ts = TemperatureScaling(method="mle").fit(torch.sigmoid(logits).numpy(), y)
-    netcal_temperature = 1.0 / float(netcal_ts.temperature[0])
-    assert netcal_temperature == pytest.approx(t, rel=1e-3)
-
-    report = TemperatureScaler().fit(logits.float(), target.long()).report(logits, target)
-    assert report["nll_after"] < report["nll_before"]
-    assert report["ece_after"] < report["ece_before"]
-
-
-def test_scaler_module_behaviour():
-    scaler = TemperatureScaler(temperature=2.0)
-    x = torch.tensor([[4.0, -2.0]], dtype=torch.float16, requires_grad=True)
-    out = scaler(x)
-    assert out.dtype == torch.float16
-    torch.testing.assert_close(out, torch.tensor([[2.0, -1.0]], dtype=torch.float16))
-    out.sum().backward()
-    torch.testing.assert_close(x.grad, torch.full_like(x, 0.5))
-    assert "temperature=2" in repr(scaler)
-
-    restored = TemperatureScaler()
-    restored.load_state_dict(scaler.state_dict())
-    assert restored.temperature == 2.0
-    assert TemperatureScaler().temperature == 1.0
-    with pytest.raises(ValueError, match="positive"):
-        TemperatureScaler(temperature=0.0)
-    fitted = TemperatureScaler()
-    assert (
-        fitted.fit(torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]]), torch.tensor([0, 1, 1]))
-        is fitted
-    )
-    assert fitted.temperature != 1.0
-
-
-@pytest.mark.parametrize(
-    ("logits", "target", "error", "match"),
-    [
-        (torch.zeros(4, 3, 2), torch.zeros(4, dtype=torch.long), ValueError, r"\[N, C\]"),
-        (torch.zeros(4, 1), torch.zeros(4, dtype=torch.long), ValueError, "C >= 2"),
-        (torch.zeros(4, 3), torch.zeros(5, dtype=torch.long), ValueError, "target must be"),
-        (torch.zeros(4, 3), torch.full((4,), 3), ValueError, "labels"),
-        (torch.zeros(4, 3), torch.zeros(4), TypeError, "integer class labels"),
-        (torch.zeros(4), torch.tensor([0, 1, 2, 1]), ValueError, "0 and 1"),
-        (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), ValueError, "at least one"),
-        (torch.tensor([[math.inf, 0.0]]), torch.tensor([0]), ValueError, "non-finite"),
-        (torch.zeros(4, 3, dtype=torch.long), torch.zeros(4, dtype=torch.long), TypeError, "float"),
-    ],
-)
-def test_fit_temperature_rejects_bad_inputs(logits, target, error, match):
-    with pytest.raises(error, match=match):
-        fit_temperature(logits, target)
-
-
-def test_report_bins_are_right_closed():
-    # Top-label confidences 0.5 (exactly, from a zero binary logit) and 1.0 with n_bins = 2:
-    # 0.5 belongs to (0, 0.5], so ECE = (|0.5 - 1| + |2 - 1|) / 3; a [0.5, 1) bin would give 1/6.
-    logits = torch.tensor([0.0, 40.0, 40.0], dtype=torch.float64)
-    target = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
-    report = TemperatureScaler().report(logits, target, n_bins=2)
-    assert report["ece_before"] == pytest.approx(0.5, abs=1e-12)
-    assert report["ece_after"] == report["ece_before"]
-    with pytest.raises(ValueError, match="n_bins"):
-        TemperatureScaler().report(logits, target, n_bins=0)

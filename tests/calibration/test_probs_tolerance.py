@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_losses import calibration as cal
 from lightning_losses.calibration.netcal_bridge import to_netcal
-from lightning_losses.calibration.scaling import fit_temperature
+from lightning_losses.calibration.posthoc.temperature import fit_temperature
 from lightning_losses.callbacks import CalibrationMonitor
 
 HALVES = [torch.bfloat16, torch.float16]

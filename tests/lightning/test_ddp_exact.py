@@ -16,7 +16,7 @@ from helpers.ddp import DDP_ARGS, run_ddp_console
 from helpers.paths import CONFIGS
 from helpers.references import last_values, single_process_metrics, split_logits
 
-from lightning_losses.calibration.scaling import TemperatureScaler
+from lightning_losses.calibration.posthoc.temperature import TemperatureScaler
 from lightning_losses.data.digits import DigitsDataModule
 from lightning_losses.data.samplers import UnpaddedDistributedSampler
 from lightning_losses.lightning.classifier import ClassifierModule

@@ -80,14 +80,18 @@ IMPORTERS = {"lightning_losses/_lazy.py", CLASS_PATH}
 CHECK_NAME = re.compile(r"^_?check(ed)?_")
 
 #: Methods named so by a protocol: the loss modules' re-check of their current attributes,
-#: which LossScheduler and LossSwitch call on any criterion.
-PROTOCOL = {"check_hyperparameters"}
+#: which LossScheduler and LossSwitch call on any criterion; a post-hoc calibrator's statement of
+#: the class counts it applies to, which PostHocCalibrator.fit and forward call on any method.
+PROTOCOL = {"check_hyperparameters", "check_classes"}
 
 #: Check functions that stay outside the checks module, by file, and why.
 ALLOWED: dict[str, set[str]] = {
     # A loss family's own rules (its hyper-parameters and input forms), shared by its function
     # and its module and composed from the checks module's concepts.
     "lightning_losses/functional/adafocal.py": {"check_adafocal_bins", "check_adafocal_update"},
+    # The post-hoc calibrators' one input check (logits, labels, ignore_index), shared by every
+    # method's fit and by select_calibrator.
+    "lightning_losses/calibration/posthoc/base.py": {"check_fit_inputs"},
     "lightning_losses/functional/binary.py": {
         "check_binary_focal",
         "check_binary_ignore_index",
@@ -140,7 +144,7 @@ ALLOWED: dict[str, set[str]] = {
     "callbacks/calibration.py": {"_check_probabilities", "_check_targets"},
     "lightning_losses/calibration/bootstrap.py": {"_checked_index"},
     "lightning_losses/calibration/diagram.py": {"_check_bins"},
-    "lightning_losses/calibration/scaling.py": {
+    "lightning_losses/calibration/posthoc/temperature.py": {
         "_check_inputs",
         "_check_shapes",
         "_check_soft_shape",

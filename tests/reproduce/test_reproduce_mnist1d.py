@@ -26,6 +26,7 @@ from lightning_losses.reproduce.claims import (
     CLAIM_8,
     ECE_MARGIN,
     NEAR_ZERO_NLL,
+    POSTHOC_METHODS,
     PUBLISHED_ACCURACY,
     PUBLISHED_TOLERANCE,
     benchmark_conditions,
@@ -350,7 +351,7 @@ def shrunk(name: str, config: str, folder: Path) -> Variant:
 def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from lightning_losses.calibration.scaling import fit_temperature
+    from lightning_losses.calibration.posthoc.temperature import fit_temperature
     from lightning_losses.data.mnist1d import MNIST1DDataModule
     from lightning_losses.lightning.classifier import ClassifierModule
 
@@ -441,3 +442,8 @@ def test_shrunk_mnist1d_claims_end_to_end(tmp_path, monkeypatch):
         assert (out / name).is_file()
     assert "claim8_test_nll.png" in report
     assert "claim8_reliability_ce_scaled.png" in report
+    # A new fit logs the post-hoc arms (their values: tests/reproduce/test_reproduce_posthoc.py)
+    # and claim 8's section shows them.
+    assert client.get_run(run_id).data.tags["ph_best_method"] in {"none", *POSTHOC_METHODS}
+    assert {f"rep/ph_{m}_test_ece" for m in POSTHOC_METHODS} <= set(metrics)
+    assert "Post-hoc arms." in report

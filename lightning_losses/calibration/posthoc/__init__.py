@@ -63,11 +63,8 @@ def get_calibrator(method: str, **hparams: Any) -> PostHocCalibrator:
     if method not in CALIBRATION_METHODS:
         known = ", ".join(repr(m) for m in CALIBRATION_METHODS)
         raise ValueError(f"unknown calibration method {method!r}; choose one of {known}")
-    cls = __getattr__(CALIBRATION_METHODS[method][1])
-    calibrator = cls(**hparams)
-    if not isinstance(calibrator, PostHocCalibrator):  # pragma: no cover - a registry mistake
-        raise TypeError(f"{cls.__name__} is not a PostHocCalibrator")
-    return calibrator
+    cls: type[PostHocCalibrator] = __getattr__(CALIBRATION_METHODS[method][1])
+    return cls(**hparams)
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

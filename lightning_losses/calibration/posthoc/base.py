@@ -36,7 +36,9 @@ Example:
 from __future__ import annotations
 
 import abc
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -50,9 +52,30 @@ __all__ = [
     "PostHocCalibrator",
     "as_class_logits",
     "check_fit_inputs",
+    "fit_threads",
 ]
 
 Self = TypeVar("Self", bound="PostHocCalibrator")
+
+#: Below this many logits a fit runs on one thread: the iterative fits evaluate small tensors
+#: hundreds of times, and on a busy machine torch's worker threads then cost more than the
+#: work (measured: 23 ms per objective evaluation on [359, 10] with 2 threads under load,
+#: 0.22 ms with one).
+SINGLE_THREAD_BELOW = 1 << 20
+
+
+@contextlib.contextmanager
+def fit_threads(numel: int) -> Iterator[None]:
+    """Run a fit on one torch thread if it has fewer than :data:`SINGLE_THREAD_BELOW` logits."""
+    before = torch.get_num_threads()
+    if numel >= SINGLE_THREAD_BELOW or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def as_class_logits(logits: Tensor, *, owner: str = "calibrator") -> Tensor:
@@ -217,7 +240,7 @@ class PostHocCalibrator(nn.Module, abc.ABC):
                 stacklevel=2,
             )
             return self
-        with torch.enable_grad():
+        with torch.enable_grad(), fit_threads(z.numel()):
             params = self._fit(z, y)
         params["num_classes"] = torch.tensor(z.shape[1])
         self.params = {key: value.detach().to(torch.float64).cpu() for key, value in params.items()}

@@ -1,7 +1,8 @@
 r"""Temperature scaling: one scalar ``T`` fitted on held-out logits to calibrate a classifier.
 
 Guo et al., "On Calibration of Modern Neural Networks" (ICML 2017), Section 4.2. The calibrated
-probabilities are ``softmax(z / T)`` (or ``sigmoid(z / T)`` for a binary ``[N]`` logit), with
+log-probabilities are ``log_softmax(z / T)`` (a binary ``[N]`` logit ``z`` is read as the two
+class logits ``[0, z]``, whose softmax is ``(1 - sigmoid(z), sigmoid(z))``), with
 
 .. math::
 
@@ -26,76 +27,88 @@ reports the multiplier ``1 / T`` as its ``temperature``.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar, TypeVar
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from lightning_losses.functional.checks import check_ignore_index, check_sums_to_one
+from lightning_losses.calibration.posthoc.base import (
+    PostHocCalibrator,
+    as_class_logits,
+    fit_threads,
+)
+from lightning_losses.functional.checks import check_ignore_index, check_int, check_sums_to_one
 
 __all__ = ["TemperatureScaler", "fit_temperature"]
 
+_Scaler = TypeVar("_Scaler", bound="TemperatureScaler")
+
 
 def _check_inputs(
-    logits: Tensor, target: Tensor, ignore_index: int | None = None
+    logits: Tensor, target: Tensor, ignore_index: int | None = None, *, owner: str
 ) -> tuple[Tensor, Tensor]:
     """Validate logits and their labels; return float64 detached copies of the kept rows.
 
     The target comes back as int64 labels ``[N]`` for ``[N, C]`` logits with integer labels,
     as float64 probabilities ``[N, C]`` for soft labels, and as float64 0/1 ``[N]`` for ``[N]``
-    logits. Rows whose integer label is ``ignore_index`` are dropped first.
+    logits. Rows whose integer label is ``ignore_index`` are dropped first. Messages start with
+    ``owner`` (the function or method that was called).
     """
-    soft = _check_shapes(logits, target, ignore_index)
-    z, target = _kept_rows(logits, target, ignore_index)
-    return z, _checked_target(z, target, soft, ignore_index).to(z.device)
+    soft = _check_shapes(logits, target, ignore_index, owner)
+    z, target = _kept_rows(logits, target, ignore_index, owner)
+    return z, _checked_target(z, target, soft, ignore_index, owner).to(z.device)
 
 
-def _check_shapes(logits: Tensor, target: Tensor, ignore_index: int | None) -> bool:
+def _check_shapes(logits: Tensor, target: Tensor, ignore_index: int | None, owner: str) -> bool:
     """Check the types, shapes and dtypes of logits and target; whether labels are soft."""
     if not isinstance(logits, Tensor) or not isinstance(target, Tensor):
-        raise TypeError("logits and target must be torch tensors")
+        raise TypeError(f"{owner}: logits and target must be torch tensors")
     if ignore_index is not None:
         check_ignore_index(ignore_index)
     if logits.ndim not in (1, 2) or (logits.ndim == 2 and logits.shape[1] < 2):
         raise ValueError(
-            "logits must be [N, C] with C >= 2 (softmax) or [N] (one binary logit), "
+            f"{owner}: logits must be [N, C] with C >= 2 (softmax) or [N] (one binary logit), "
             f"got {tuple(logits.shape)}"
         )
     soft = logits.ndim == 2 and target.ndim == 2
     if soft:
-        _check_soft_shape(logits, target, ignore_index)
+        _check_soft_shape(logits, target, ignore_index, owner)
     elif target.shape != logits.shape[:1]:
         extra = f" (class labels) or [N, C] = {list(logits.shape)} (soft labels)"
         raise ValueError(
-            f"target must be [N] = [{logits.shape[0]}]{extra if logits.ndim == 2 else ''}, "
-            f"got {tuple(target.shape)}"
+            f"{owner}: target must be [N] = [{logits.shape[0]}]"
+            f"{extra if logits.ndim == 2 else ''}, got {tuple(target.shape)}"
         )
     if not logits.is_floating_point():
-        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+        raise TypeError(f"{owner}: logits must be floating point, got {logits.dtype}")
     if logits.ndim == 2 and not soft and (target.is_floating_point() or target.dtype == torch.bool):
-        raise TypeError(f"target must hold integer class labels, got {target.dtype}")
+        raise TypeError(f"{owner}: target must hold integer class labels, got {target.dtype}")
     return soft
 
 
-def _check_soft_shape(logits: Tensor, target: Tensor, ignore_index: int | None) -> None:
+def _check_soft_shape(logits: Tensor, target: Tensor, ignore_index: int | None, owner: str) -> None:
     """Soft labels ``[N, C]``: no ``ignore_index``, the logits' shape, a floating dtype."""
     if ignore_index is not None:
         raise ValueError(
-            "ignore_index applies to integer class labels; drop the rows of soft labels "
-            f"instead (got ignore_index={ignore_index} with soft labels [N, C])"
+            f"{owner}: ignore_index applies to integer class labels; drop the rows of soft "
+            f"labels instead (got ignore_index={ignore_index} with soft labels [N, C])"
         )
     if target.shape != logits.shape:
         raise ValueError(
-            f"target of soft labels must be [N, C] = {list(logits.shape)} like the logits, "
-            f"got {list(target.shape)}"
+            f"{owner}: target of soft labels must be [N, C] = {list(logits.shape)} like the "
+            f"logits, got {list(target.shape)}"
         )
     if not target.is_floating_point():
         raise TypeError(
-            f"target [N, C] must hold soft labels (float probabilities), got {target.dtype}; "
-            "integer class labels are [N]"
+            f"{owner}: target [N, C] must hold soft labels (float probabilities), got "
+            f"{target.dtype}; integer class labels are [N]"
         )
 
 
-def _kept_rows(logits: Tensor, target: Tensor, ignore_index: int | None) -> tuple[Tensor, Tensor]:
+def _kept_rows(
+    logits: Tensor, target: Tensor, ignore_index: int | None, owner: str
+) -> tuple[Tensor, Tensor]:
     """Float64 logits and the target of the rows not ignored (detached; at least one, finite)."""
     logits, target = logits.detach(), target.detach()
     if ignore_index is not None:
@@ -103,31 +116,35 @@ def _kept_rows(logits: Tensor, target: Tensor, ignore_index: int | None) -> tupl
         logits, target = logits[keep], target[keep]
     if logits.shape[0] == 0:
         left = " not ignored" if ignore_index is not None else ""
-        raise ValueError(f"need at least one sample{left} to fit a temperature")
+        raise ValueError(f"{owner}: need at least one sample{left} to fit a temperature")
     z = logits.to(torch.float64)
     if not torch.isfinite(z).all():
-        raise ValueError("logits contain non-finite values")
+        raise ValueError(f"{owner}: logits contain non-finite values")
     return z, target
 
 
-def _checked_target(z: Tensor, target: Tensor, soft: bool, ignore_index: int | None) -> Tensor:
+def _checked_target(
+    z: Tensor, target: Tensor, soft: bool, ignore_index: int | None, owner: str
+) -> Tensor:
     """The target's values checked: soft probabilities, labels in ``[0, C)``, or binary 0/1."""
     if soft:
         y = target.to(torch.float64)
         if not bool(((y >= 0) & (y <= 1)).all()):
-            raise ValueError("target soft labels must be probabilities in [0, 1] (and not NaN)")
+            raise ValueError(
+                f"{owner}: target soft labels must be probabilities in [0, 1] (and not NaN)"
+            )
         check_sums_to_one(
-            "target", y.sum(dim=1), target.dtype, over="the classes of each row", values=y
+            f"{owner}: target", y.sum(dim=1), target.dtype, over="the classes of each row", values=y
         )
     elif z.ndim == 2:
         y = target.long()
         if y.min() < 0 or y.max() >= z.shape[1]:
             extra = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
-            raise ValueError(f"target labels must lie in [0, {z.shape[1]}){extra}")
+            raise ValueError(f"{owner}: target labels must lie in [0, {z.shape[1]}){extra}")
     else:
         y = target.to(torch.float64)
         if not ((y == 0) | (y == 1)).all():
-            raise ValueError("binary target must hold 0 and 1 only")
+            raise ValueError(f"{owner}: binary target must hold 0 and 1 only")
     return y
 
 
@@ -168,17 +185,47 @@ def _ece(confidence: Tensor, correct: Tensor, n_bins: int) -> float:
     return float((conf_sum - correct_sum).abs().sum() / confidence.numel())
 
 
+def _minimise_temperature(z: Tensor, y: Tensor, max_iter: int) -> float:
+    """The ``T`` minimising the mean cross-entropy of ``softmax(z / T)`` against ``y``.
+
+    ``z`` float64 ``[N, C]``; ``y`` int64 labels ``[N]`` or float64 soft labels ``[N, C]``.
+    L-BFGS with a strong-Wolfe line search on ``log T`` from ``T = 1``.
+    """
+    log_t = torch.zeros((), dtype=torch.float64, device=z.device, requires_grad=True)
+    optimizer = torch.optim.LBFGS(
+        [log_t],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(z * torch.exp(-log_t), y)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad(), fit_threads(z.numel()):
+        optimizer.step(closure)
+    temperature = float(log_t.detach().exp())
+    if not (temperature > 0 and temperature < float("inf")):
+        raise RuntimeError(f"temperature fit diverged (T = {temperature})")
+    return temperature
+
+
 def fit_temperature(
     logits: Tensor, target: Tensor, *, max_iter: int = 100, ignore_index: int | None = None
 ) -> float:
     """Fit the temperature that minimises the NLL of ``softmax(logits / T)`` on held-out data.
 
     ``T* = argmin_T mean_i -log softmax(z_i / T)[y_i]`` (``sigmoid`` and binary cross-entropy
-    for ``[N]`` logits; ``mean_i -sum_c q_ic log softmax(z_i / T)_c`` for soft labels ``q``),
-    found by L-BFGS with a strong-Wolfe line search on ``log T`` from ``T = 1``, in float64.
-    ``T > 1`` softens an overconfident model, ``T < 1`` sharpens an underconfident one. If the
-    logits separate the classes perfectly the NLL keeps falling as ``T -> 0`` and the returned
-    ``T`` is merely small.
+    for ``[N]`` logits, fitted as the two-class logits ``[0, z]``; ``mean_i -sum_c q_ic log
+    softmax(z_i / T)_c`` for soft labels ``q``), found by L-BFGS with a strong-Wolfe line search
+    on ``log T`` from ``T = 1``, in float64. ``T > 1`` softens an overconfident model, ``T < 1``
+    sharpens an underconfident one. If the logits separate the classes perfectly the NLL keeps
+    falling as ``T -> 0`` and the returned ``T`` is merely small.
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
@@ -188,7 +235,7 @@ def fit_temperature(
             each row summing to 1 within 1e-3 for float32 and float64, or within 0.031 for a
             row of bfloat16 numbers cast up, used as given) for ``[N, C]`` logits; or 0/1 for
             binary logits.
-        max_iter: maximum number of L-BFGS iterations.
+        max_iter: maximum number of L-BFGS iterations (``>= 1``).
         ignore_index: rows whose integer label equals it are left out (``None``: keep all).
             Not for soft labels: drop their rows instead.
 
@@ -217,56 +264,56 @@ def fit_temperature(
         >>> abs(padded - t) < 1e-9
         True
     """
-    z, y = _check_inputs(logits, target, ignore_index)
-    log_t = torch.zeros((), dtype=torch.float64, device=z.device, requires_grad=True)
-    optimizer = torch.optim.LBFGS(
-        [log_t],
-        lr=1.0,
-        max_iter=max_iter,
-        tolerance_grad=1e-12,
-        tolerance_change=1e-14,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = _nll(z * torch.exp(-log_t), y)
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    temperature = float(log_t.detach().exp())
-    if not (temperature > 0 and temperature < float("inf")):
-        raise RuntimeError(f"temperature fit diverged (T = {temperature})")
-    return temperature
+    check_int("max_iter", max_iter, low=1)
+    z, y = _check_inputs(logits, target, ignore_index, owner="fit_temperature")
+    if z.ndim == 1:
+        z, y = as_class_logits(z), y.long()
+    return _minimise_temperature(z, y, max_iter)
 
 
-class TemperatureScaler(nn.Module):
-    """Divide logits by a temperature fitted on held-out data (post-hoc calibration).
+class TemperatureScaler(PostHocCalibrator):
+    r"""Temperature scaling as a post-hoc calibrator: ``log_softmax(z / T)``, ``T`` fitted.
 
-    ``forward(z) = z / T``: feed the result to ``softmax`` (or ``sigmoid`` for binary ``[N]``
-    logits). ``T`` is kept as a float64 buffer, so it is saved in the ``state_dict``; the
-    ``temperature`` property reads and sets it as a Python float. Before :meth:`fit` it is 1
-    (the identity).
+    .. math::
+
+        g(z) = \log \operatorname{softmax}(z / T), \qquad
+        T = \arg\min_{T > 0} -\frac{1}{N} \sum_i \log \operatorname{softmax}(z_i / T)_{y_i}
+
+    (see :func:`fit_temperature`, which :meth:`fit` calls). ``forward`` returns the calibrated
+    log-probabilities ``[N, C]`` (``[N, 2]`` for ``[N]`` binary logits, read as ``[0, z]``) in
+    the dtype of the logits, computed in float64; gradients flow to the logits. ``T`` is kept
+    as a float64 buffer (``temperature_buffer``), so it is saved in the ``state_dict`` with the
+    base's extra state; the ``temperature`` property reads and sets it as a Python float.
+    ``forward`` divides by the current ``T`` whether or not :meth:`fit` ran: before it, ``T``
+    is the constructor's ``temperature`` (1, the identity, by default). ``T`` does not depend
+    on the number of classes, so a fitted scaler applies to logits of any width.
+
+    ``fit`` takes what :func:`fit_temperature` takes: integer labels ``[N]`` (rows equal to
+    ``ignore_index`` left out), soft labels ``[N, C]``, or 0/1 targets of ``[N]`` binary
+    logits. Integer labels of a single class fall back to the identity (``T = 1``) with a
+    warning, as every calibrator of the interface does.
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
     Args:
         temperature: the initial temperature (``> 0``).
-        max_iter: maximum number of L-BFGS iterations for :meth:`fit`.
+        max_iter: maximum number of L-BFGS iterations for :meth:`fit` (``>= 1``).
 
     Example:
         >>> scaler = TemperatureScaler(temperature=2.0)
-        >>> scaler(torch.tensor([[4.0, -2.0]]))
-        tensor([[ 2., -1.]])
+        >>> scaler(torch.tensor([[4.0, -2.0]])).exp()  # softmax([2, -1])
+        tensor([[0.9526, 0.0474]])
+        >>> z = torch.tensor([[2.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 2.0]])
+        >>> round(scaler.fit(z, torch.tensor([0, 0, 1, 1])).temperature, 6)
+        1.820478
     """
 
+    method: ClassVar[str] = "temperature"
     temperature_buffer: Tensor
 
-    def __init__(self, temperature: float = 1.0, *, max_iter: int = 100) -> None:
+    def __init__(self, *, temperature: float = 1.0, max_iter: int = 100) -> None:
         super().__init__()
-        self.max_iter = max_iter
+        self.max_iter = check_int("max_iter", max_iter, low=1)
         self.register_buffer("temperature_buffer", torch.ones((), dtype=torch.float64))
         self.temperature = temperature
 
@@ -282,22 +329,54 @@ class TemperatureScaler(nn.Module):
             raise ValueError(f"temperature must be positive and finite, got {value}")
         self.temperature_buffer.fill_(value)
 
+    def min_samples(self, num_classes: int) -> int:
+        """One parameter, ``T``: one sample will do (two classes among the labels still must)."""
+        return 1
+
     def fit(
-        self, logits: Tensor, target: Tensor, *, ignore_index: int | None = None
-    ) -> TemperatureScaler:
+        self: _Scaler, logits: Tensor, target: Tensor, *, ignore_index: int | None = None
+    ) -> _Scaler:
         """Fit ``T`` on held-out ``logits`` and ``target`` (see :func:`fit_temperature`).
 
-        ``target`` holds integer labels ``[N]`` (rows equal to ``ignore_index`` left out) or
-        soft labels ``[N, C]``.
+        ``target`` holds integer labels ``[N]`` (rows equal to ``ignore_index`` left out), soft
+        labels ``[N, C]``, or 0/1 (integers or floats) for ``[N]`` binary logits.
+
+        Returns:
+            The scaler itself, fitted (``T = 1`` with a warning if it fell back).
         """
-        self.temperature = fit_temperature(
-            logits, target, max_iter=self.max_iter, ignore_index=ignore_index
+        binary_float = (
+            isinstance(logits, Tensor)
+            and isinstance(target, Tensor)
+            and logits.ndim == 1
+            and target.is_floating_point()
         )
+        if (isinstance(target, Tensor) and target.ndim == 2) or binary_float:
+            z, y = _check_inputs(logits, target, ignore_index, owner=f"{self.name}.fit")
+            if y.ndim == 2:  # soft labels: no fallback (each row is a distribution)
+                self.params, self.fallback = {}, ""
+                self.temperature = _minimise_temperature(z, y, self.max_iter)
+                self.params = {"num_classes": torch.tensor(z.shape[1], dtype=torch.float64)}
+                return self
+            logits, target, ignore_index = z, y.long(), None
+        super().fit(logits, target, ignore_index=ignore_index)
+        temperature = self.params.pop("temperature", None)
+        self.temperature = 1.0 if temperature is None else float(temperature)
         return self
 
+    def _fit(self, logits: Tensor, target: Tensor) -> dict[str, Tensor]:
+        temperature = _minimise_temperature(logits, target, self.max_iter)
+        return {"temperature": torch.tensor(temperature, dtype=torch.float64)}
+
+    def _log_probs(self, logits: Tensor) -> Tensor:
+        return torch.log_softmax(logits / self.temperature_buffer.to(logits.device), dim=1)
+
     def forward(self, logits: Tensor) -> Tensor:
-        """Return ``logits / T`` in the dtype of ``logits``."""
-        return logits / self.temperature
+        """Calibrated log-probabilities ``log_softmax(z / T)`` ``[N, C]`` (``[N, 2]`` for ``[N]``).
+
+        Computed in float64 and returned in the dtype of ``logits``, with the current ``T``.
+        """
+        z = as_class_logits(logits, owner=self.name)
+        return self._log_probs(z.to(torch.float64)).to(logits.dtype)
 
     def report(
         self,
@@ -331,7 +410,7 @@ class TemperatureScaler(nn.Module):
         """
         if n_bins < 1:
             raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
-        z, y = _check_inputs(logits, target, ignore_index)
+        z, y = _check_inputs(logits, target, ignore_index, owner=f"{self.name}.report")
         scaled = z / self.temperature
         with torch.no_grad():
             return {
@@ -342,6 +421,17 @@ class TemperatureScaler(nn.Module):
                 "nll_after": float(_nll(scaled, y)),
             }
 
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        """Load a state saved before the interface too (the buffer without extra state)."""
+        if prefix + "temperature_buffer" in state_dict and prefix + "_extra_state" not in (
+            state_dict
+        ):
+            state_dict[prefix + "_extra_state"] = {"params": {}, "fallback": ""}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def extra_repr(self) -> str:
-        """The fitted temperature, shown in the module's ``repr``."""
-        return f"temperature={self.temperature:.6g}"
+        """The temperature, and whether the fit fell back, shown in the module's ``repr``."""
+        fell_back = ", identity (fell back)" if self.fallback else ""
+        return f"temperature={self.temperature:.6g}{fell_back}"

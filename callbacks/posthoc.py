@@ -1,0 +1,946 @@
+"""Post-hoc calibration inside the Trainer: fitted on the validation split, kept in checkpoints.
+
+:class:`PostHocCalibration` collects the logits and targets of every validation epoch (not the
+sanity check), gathers them exactly across DDP processes (each process may hold a different
+number of samples: :func:`~lightning_losses.callbacks.gather.all_gather_uneven`), and chooses
+among post-hoc calibrators by cross-validated NLL
+(:func:`~lightning_losses.calibration.posthoc.select.select_calibrator`; the identity is always
+a candidate, so a method that would worsen the held-out NLL is never chosen). It fits at the end
+of every validation epoch, before ``ModelCheckpoint`` saves, so every checkpoint holds the
+calibrator fitted on the validation logits of the weights it stores (the callback's
+``state_dict``: method, hyper-parameters, the calibrator's own ``state_dict``). ``test`` applies
+it and logs raw and calibrated metrics; ``predict`` returns calibrated probabilities.
+
+:class:`TemperatureScalingCallback` is the same callback with ``methods=("temperature",)``,
+always applied (no choice), logging its historical keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.gather import all_gather_uneven
+from lightning_losses.callbacks.outputs import (
+    OutputAdapter,
+    OutputsSpec,
+    calibration_inputs,
+    describe_output,
+)
+from lightning_losses.functional.checks import check_flag, check_ignore_index, check_int
+from lightning_losses.lightning.classifier import (
+    calibrated_probabilities,
+    calibrator_from_state,
+    posthoc_calibrator,
+)
+from lightning_losses.warning import LightningLossesWarning
+
+if TYPE_CHECKING:
+    from lightning_losses.calibration.functional import Task
+    from lightning_losses.calibration.posthoc.base import PostHocCalibrator
+    from lightning_losses.calibration.posthoc.select import Selection
+
+__all__ = ["DEFAULT_METHODS", "PostHocCalibration", "TemperatureScalingCallback"]
+
+#: The methods tried when none are named: one to four parameters per class, and isotonic.
+DEFAULT_METHODS = ("temperature", "vector", "ensemble_temperature", "isotonic")
+#: The quantities logged before and after calibration, per stage.
+QUANTITIES = ("nll", "ece", "smooth_ece")
+#: Calibrated metrics are ``<stage>/posthoc_<quantity>``: ``val/posthoc_nll``, ``test/posthoc_ece``.
+CALIBRATED = "posthoc_"
+#: Metrics and tags that are not per split: ``posthoc/cv_nll_<method>``,
+#: ``posthoc/fallback_<method>``, the tags ``posthoc/method`` and ``posthoc/fallbacks``.
+PREFIX = "posthoc/"
+#: What a stage's first batch holds: class labels, 0/1 binary targets, multi-label targets, or
+#: soft labels (``TemperatureScalingCallback(soft_labels=True)``).
+KINDS = ("multiclass", "binary", "multilabel", "soft")
+#: The bin sums (count, conf_sum, correct_sum) of a reliability diagram.
+Bins = tuple[Tensor, Tensor, Tensor]
+
+
+def _method_names(methods: Sequence[str] | str, owner: str) -> tuple[str, ...]:
+    """The registry names ``methods`` stands for (``"all"``: every one).
+
+    Raises:
+        ValueError: no method, an unknown one or one named twice; the message lists the known.
+    """
+    from lightning_losses.calibration.posthoc import CALIBRATION_METHODS
+
+    known = ", ".join(repr(m) for m in CALIBRATION_METHODS)
+    if methods == "all":
+        return tuple(CALIBRATION_METHODS)
+    names = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in names if not isinstance(m, str) or m not in CALIBRATION_METHODS]
+    if not names or unknown or len(set(names)) != len(names):
+        problem = "no method" if not names else f"unknown {unknown}" if unknown else "repeats"
+        raise ValueError(
+            f"{owner}(methods={methods!r}): {problem}; give distinct methods among {known}, or "
+            "'all' (every method that applies to the task)"
+        )
+    return tuple(names)
+
+
+def _method_args(
+    method_args: Mapping[str, Mapping[str, Any]] | None, methods: tuple[str, ...], owner: str
+) -> dict[str, dict[str, Any]]:
+    """``method_args`` as plain dicts, each for a method of ``methods``.
+
+    Raises:
+        TypeError: not a mapping of mappings.
+        ValueError: hyper-parameters of a method that is not tried.
+    """
+    if method_args is None:
+        return {}
+    where = f"{owner}(method_args={method_args!r})"
+    if not isinstance(method_args, Mapping) or not all(
+        isinstance(v, Mapping) for v in method_args.values()
+    ):
+        raise TypeError(
+            f"{where}: give a mapping from method name to its keyword arguments, e.g. "
+            "{'vector': {'max_iter': 50}}"
+        )
+    extra = sorted(set(method_args) - set(methods))
+    if extra:
+        raise ValueError(f"{where}: {extra} are not among methods={list(methods)}")
+    return {method: dict(kwargs) for method, kwargs in method_args.items()}
+
+
+def _template(method: str, kwargs: Mapping[str, Any], owner: str) -> PostHocCalibrator:
+    """An unfitted calibrator of ``method`` built with ``kwargs``; errors name the argument."""
+    from lightning_losses.calibration.posthoc import get_calibrator
+
+    try:
+        return get_calibrator(method, **kwargs)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"{owner}(method_args={{{method!r}: {dict(kwargs)!r}}}): {error}"
+        ) from error
+
+
+def _scores(log_probs: Tensor, target: Tensor, *, binary: bool, n_bins: int) -> tuple[dict, Bins]:
+    """NLL, ECE (equal-width bins) and smooth ECE of float64 log-probabilities ``[N, C]``.
+
+    Binary tasks (``binary``) score the positive class's probability, as
+    :class:`~lightning_losses.callbacks.CalibrationMonitor` does for ``[N]`` logits.
+    """
+    from lightning_losses.calibration import functional as CF
+    from lightning_losses.calibration.smooth import smooth_calibration_error
+
+    nll = CF.negative_log_likelihood(
+        log_probs, target, input_format="logits", task="multiclass", validate_args=False
+    )
+    probs = log_probs.exp()
+    preds = probs[:, 1].contiguous() if binary else probs
+    task: Task = "binary" if binary else "multiclass"
+    confidence, correct = CF.confidence_and_correct(
+        preds, target, input_format="probs", task=task, validate_args=False
+    )
+    bins = CF.binned_statistics(confidence, correct, n_bins)
+    smooth = cast(
+        Tensor,
+        smooth_calibration_error(
+            preds, target, input_format="probs", task=task, validate_args=False
+        ),
+    )
+    values = {
+        "nll": float(nll),
+        "ece": float(CF.calibration_error_from_bins(*bins, "l1")),
+        "smooth_ece": float(smooth),
+    }
+    return values, bins
+
+
+def _set_tags(trainer: pl.Trainer, tags: Mapping[str, str]) -> None:
+    """Set run tags on every logger that keeps them (the MLflow loggers); rank 0 only."""
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        set_tags = getattr(logger, "set_tags", None)  # TrackingLogger (spools on failure)
+        if callable(set_tags):
+            set_tags(dict(tags))
+            continue
+        run_id = getattr(logger, "run_id", None)
+        if run_id is None:  # not MLflow's: no tags
+            continue
+        set_tag = getattr(getattr(logger, "experiment", None), "set_tag", None)  # MLFlowLogger
+        if callable(set_tag):
+            for key, value in tags.items():
+                set_tag(run_id, key, value)
+
+
+class PostHocCalibration(Callback):
+    """Fit post-hoc calibrators on each validation epoch, keep the best in the checkpoint.
+
+    At the end of every validation epoch (not the sanity check) the validation logits and
+    targets of all processes are gathered, every method in ``methods`` (and the identity) is
+    scored by its NLL on ``folds`` held-out folds of them, and the best is refitted on all of
+    them (:func:`~lightning_losses.calibration.posthoc.select.select_calibrator`). This happens
+    before ``ModelCheckpoint`` saves, so each checkpoint holds the calibrator fitted on the
+    validation logits of its own weights; :meth:`state_dict` saves the method, its
+    hyper-parameters and the calibrator's ``state_dict`` (nothing while the weights are newer
+    than the last fit). ``fit --ckpt_path`` (resume) and ``test``/``predict`` with
+    ``ckpt_path`` restore it, :meth:`calibrator_from_checkpoint` (or
+    ``ClassifierModule.load_from_checkpoint``) reads it back from a file; ``validate`` fits
+    again.
+
+    Logged each validation epoch, to every logger (through ``pl_module.log``):
+    ``val/posthoc_nll``, ``val/posthoc_ece`` (``n_bins`` equal-width bins) and
+    ``val/posthoc_smooth_ece`` (the smooth ECE of Błasiok and Nakkiran) of the calibrated
+    probabilities, on the split the calibrator was fitted on; the raw values under the names
+    :class:`~lightning_losses.callbacks.CalibrationMonitor` uses (``val/nll``, ``val/ece``,
+    ``val/smooth_ece``) unless the module or another callback logs that name itself;
+    ``posthoc/cv_nll_<method>`` (each candidate's cross-validated NLL, ``none`` for the
+    identity; infinite scores are left out); ``posthoc/fit_seconds`` (the time the choice and
+    the fit took, the slowest process's); and ``posthoc/fallback_<method>`` = 1 for a method
+    that cannot help on these samples (fewer samples than it needs, a single class; it then
+    scores as the identity), which is also warned once per fit. MLflow runs get the tags
+    ``posthoc/method`` (the method chosen, ``none`` for the identity) and ``posthoc/fallbacks``.
+    With ``log_diagrams`` the reliability diagrams of the last fit, raw and calibrated, are saved
+    when training ends as ``<log_dir>/calibration/posthoc_val_raw_epoch=<E>.png`` and
+    ``posthoc_val_calibrated_epoch=<E>.png`` and logged as MLflow artifacts under
+    ``calibration/``.
+
+    ``test`` logs ``test/posthoc_<quantity>`` (calibrated) and the raw ``test/<quantity>``
+    (unless logged by another), with the diagrams ``posthoc_test_raw_epoch=<E>.png`` and
+    ``posthoc_test_calibrated_epoch=<E>.png``. ``predict`` returns calibrated probabilities:
+    a module with a ``set_calibrator`` method (``ClassifierModule``) is handed the calibrator
+    for the run; any other module's ``predict_step`` must return logits (``[N, C]``, ``[N]``
+    binary or ``[N, n, m]``, as LightningModule's default ``self(batch)`` does), which are
+    replaced by calibrated probabilities (``[N]`` binary: the positive class's) while predicting.
+
+    Tasks: multiclass ``[N, C]`` logits with ``[N]`` labels, binary ``[N]`` logits with 0/1
+    targets (calibrated as the two classes ``[0, z]``), n-by-m tasks (flattened to multiclass).
+    Multi-label outputs (``[N, K]`` float targets) are left alone with a warning.
+
+    Args:
+        methods: names of :data:`~lightning_losses.calibration.posthoc.CALIBRATION_METHODS`,
+            or ``"all"`` (every method that applies to the task: ``beta`` only to binary ones).
+        folds: folds of the cross-validated NLL (``>= 2``).
+        method_args: keyword arguments per method, e.g. ``{"matrix": {"reg_lambda": 0.01}}``.
+        n_bins: equal-width bins of the ECE and the diagrams.
+        ignore_index: target value whose samples are left out (padding tokens); ``None``: none.
+        outputs: how to read the logits and targets from what ``validation_step`` (and
+            ``test_step``) returns, as :class:`~lightning_losses.callbacks.CalibrationMonitor`'s
+            ``outputs``.
+        log_diagrams: save and log the reliability diagrams before and after calibration.
+        every_n_epochs: fit every so many epochs during ``fit`` (and always in the last one
+            ``max_epochs`` allows, and in every ``validate``), when fitting ``methods`` each
+            epoch costs too much; a checkpoint of an epoch in between holds no calibrator.
+
+    Raises:
+        ValueError: an unknown method, hyper-parameters of a method not tried, ``folds < 2``.
+        TypeError: hyper-parameters a method does not take.
+
+    Example:
+        >>> callback = PostHocCalibration(methods=("temperature", "vector"), folds=3)
+        >>> callback.methods, callback.folds, callback.calibrator is None
+        (('temperature', 'vector'), 3, True)
+        >>> PostHocCalibration(folds=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: folds must be >= 2; got 1
+    """
+
+    #: Why multi-label outputs are left alone (the alias names its own hint).
+    MULTILABEL: ClassVar[str] = "multi-label outputs are not calibrated ([N, K] float targets)"
+
+    def __init__(
+        self,
+        *,
+        methods: Sequence[str] | str = DEFAULT_METHODS,
+        folds: int = 5,
+        method_args: Mapping[str, Mapping[str, Any]] | None = None,
+        n_bins: int = 15,
+        ignore_index: int | None = None,
+        outputs: OutputsSpec = None,
+        log_diagrams: bool = True,
+        every_n_epochs: int = 1,
+    ) -> None:
+        from lightning_losses.calibration import functional as CF
+
+        name = type(self).__name__
+        self._read = OutputAdapter(outputs, owner=name)
+        self.outputs = outputs
+        self.all_methods = methods == "all"
+        self.methods = _method_names(methods, name)
+        self.folds = check_int("folds", folds, low=2)
+        CF.check_n_bins(n_bins)
+        if ignore_index is not None:
+            check_ignore_index(ignore_index)
+        check_flag("log_diagrams", log_diagrams)
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1)
+        self.method_args = _method_args(method_args, self.methods, name)
+        self._templates = {m: _template(m, self.method_args.get(m, {}), name) for m in self.methods}
+        self.n_bins = n_bins
+        self.ignore_index = ignore_index
+        self.log_diagrams = log_diagrams
+        #: The latest choice (method, fitted calibrator, scores); ``None`` before a fit.
+        self.selection: Selection | None = None
+        #: ``{"epoch", "global_step"}`` of the weights the calibrator was fitted for.
+        self.fitted_at: dict[str, int] = {}
+        #: The latest validation fit's values: ``<quantity>_before``, ``<quantity>_after``.
+        self.report: dict[str, float] = {}
+        #: The latest test's values, likewise.
+        self.test_report: dict[str, float] = {}
+        #: Seconds the last choice and fit took (cross-validation included).
+        self.fit_seconds = 0.0
+        #: The paths of the diagrams saved last.
+        self.last_diagrams: list[Path] = []
+        self._kind = ""
+        self._applicable: tuple[str, ...] = self.methods
+        self._buffers: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
+        self._first: set[str] = set()  # stages whose first batch of the epoch was checked
+        self._warned: set[str] = set()
+        self._saw_samples = False
+        self._restored = False
+        self._checkpoint_step: int | None = None
+        self._val_bins: tuple[int, Bins, Bins] | None = None
+        self._own_keys: set[str] = set()
+        self._other_keys: set[str] = set()
+        self._undo_predict: Callable[[], None] | None = None
+        self._trainer: pl.Trainer | None = None  # the trainer of the current run
+        self._fitted_by: pl.Trainer | None = None  # the trainer of the last fit
+        self._test_calibrator: PostHocCalibrator | None = None
+
+    @property
+    def name(self) -> str:
+        """The class name, as the messages name the callback."""
+        return type(self).__name__
+
+    @property
+    def calibrator(self) -> PostHocCalibrator | None:
+        """The fitted (or restored) calibrator; ``None`` before a fit."""
+        return None if self.selection is None else self.selection.calibrator
+
+    def _current(self, trainer: pl.Trainer | None) -> bool:
+        """Whether the calibrator was fitted for the trainer's weights.
+
+        A restored calibrator is that of the checkpoint's weights; another trainer than the one
+        that fitted it is taken at its word (its step does not count the fit's training).
+        """
+        if trainer is None or self._restored or trainer is not self._fitted_by:
+            return True
+        return self.fitted_at.get("global_step") == trainer.global_step
+
+    @property
+    def method(self) -> str | None:
+        """The method chosen (``"none"``: the identity); ``None`` before a fit."""
+        return None if self.selection is None else self.selection.method
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The method, its hyper-parameters, the calibrator's ``state_dict`` and the scores.
+
+        Empty before the first fit, and while the weights are newer than the fit (a save
+        between validations, or an epoch ``every_n_epochs`` skips): a checkpoint never holds
+        a calibrator fitted for other weights.
+        """
+        trainer = self._trainer
+        if self.selection is None or not self._current(trainer):
+            return {}
+        selection = self.selection
+        return {
+            "method": selection.method,
+            "hparams": dict(self.method_args.get(selection.method, {})),
+            "calibrator": selection.calibrator.state_dict(),
+            "scores": dict(selection.scores),
+            "folds": selection.folds,
+            "fallbacks": dict(selection.fallbacks),
+            **self.fitted_at,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Rebuild the saved calibrator (whatever ``methods`` this callback tries)."""
+        from lightning_losses.calibration.posthoc.select import Selection
+
+        calibrator = calibrator_from_state(state_dict)
+        self.selection = Selection(
+            state_dict["method"],
+            calibrator,
+            dict(state_dict.get("scores", {})),
+            int(state_dict.get("folds", self.folds)),
+            dict(state_dict.get("fallbacks", {})),
+        )
+        self.fitted_at = {
+            k: int(state_dict[k]) for k in ("epoch", "global_step") if k in state_dict
+        }
+        self._restored = True
+        step = self.fitted_at.get("global_step")
+        if self._checkpoint_step is not None and step is not None and step != self._checkpoint_step:
+            rank_zero_warn(
+                f"{self.name}: the checkpoint's calibrator was fitted at step {step}, its weights "
+                f"are of step {self._checkpoint_step} (a save between validations): its "
+                "calibrated outputs are those of older weights",
+                category=LightningLossesWarning,
+            )
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self.selection, self.fitted_at = None, {}  # a checkpoint without one holds none
+        step = checkpoint.get("global_step")
+        self._checkpoint_step = None if step is None else int(step)
+
+    @staticmethod
+    def calibrator_from_checkpoint(path: str | Path) -> PostHocCalibrator:
+        """The fitted calibrator saved in the checkpoint file at ``path``.
+
+        Apply it to logits: ``calibrator(logits).exp()`` are calibrated probabilities.
+
+        Raises:
+            ValueError: the checkpoint holds no calibrator (it was saved without this callback,
+                or before its first validation epoch).
+        """
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        calibrator = posthoc_calibrator(checkpoint)
+        if calibrator is None:
+            raise ValueError(
+                f"{path} holds no post-hoc calibrator: save it with a PostHocCalibration "
+                "callback among the trainer's callbacks (after its first validation epoch)"
+            )
+        return calibrator
+
+    # --- collecting ------------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        self._restored = False
+        self._checkpoint_step = None
+        if stage == "fit":  # new weights: no calibrator until the first validation epoch
+            self.selection, self.fitted_at, self.report = None, {}, {}
+            self._warned, self._saw_samples, self._val_bins = set(), False, None
+
+    def _read_batch(
+        self, stage: str, outputs: Any, pl_module: pl.LightningModule, keep: bool
+    ) -> None:
+        logits, target = calibration_inputs(outputs, pl_module, self._read)
+        if stage not in self._first:
+            self._kind = self._validate_first_batch(stage, logits, target)
+            self._first.add(stage)
+        if not keep:
+            return
+        if self._kind == "binary" and target.is_floating_point():
+            target = target.long()  # 0/1 (or ignore_index) as the first batch showed
+        logits = logits.detach()
+        buffer = self._buffers.setdefault(stage, ([], []))
+        buffer[0].append(logits if logits.dtype == torch.float64 else logits.float())
+        buffer[1].append(target.detach())
+
+    def _validate_first_batch(self, stage: str, logits: Tensor, target: Tensor) -> str:
+        """The task of a stage's first batch (one of :data:`KINDS`); bad targets raise here."""
+        where = f"{self.name}: the first {stage} batch"
+        if logits.dim() == 2 and target.dim() == 2 and target.shape == logits.shape:
+            if target.is_floating_point():
+                return "soft" if getattr(self, "soft_labels", False) else "multilabel"
+        if not logits.is_floating_point() or not (
+            (logits.dim() == 2 and logits.shape[1] >= 2 and target.dim() == 1)
+            or (logits.dim() == 1 and target.dim() == 1)
+        ):
+            raise ValueError(
+                f"{where} has logits {list(logits.shape)} ({logits.dtype}) and target "
+                f"{list(target.shape)}: it calibrates [N, C] logits (C >= 2) with [N] class "
+                "labels, or [N] binary logits with [N] 0/1 targets"
+            )
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError(f"{where} has NaN or infinite logits: calibrate finite logits")
+        binary = logits.dim() == 1
+        classes = 2 if binary else logits.shape[1]
+        if not binary and (target.is_floating_point() or target.dtype == torch.bool):
+            raise ValueError(f"{where} has {target.dtype} targets; give integer class labels")
+        known = target.double()
+        if self.ignore_index is not None:
+            known = known[known != self.ignore_index]
+        if known.numel() and (
+            bool((known != known.round()).any()) or known.min() < 0 or known.max() >= classes
+        ):
+            hint = "" if self.ignore_index is None else f" or ignore_index={self.ignore_index}"
+            raise ValueError(
+                f"{where} has targets from {float(known.min()):g} to {float(known.max()):g}; "
+                f"they must be class labels in [0, {classes - 1}]{hint}"
+                + ("" if self.ignore_index is not None else " (padding? pass ignore_index)")
+            )
+        self._applicable = self._methods_for(classes)
+        return "binary" if binary else "multiclass"
+
+    def _methods_for(self, classes: int) -> tuple[str, ...]:
+        """The methods that apply to ``classes``; a named one that does not is an error."""
+        applicable = []
+        for method, template in self._templates.items():
+            try:
+                template.check_classes(classes)
+            except ValueError as error:
+                if not self.all_methods:
+                    raise ValueError(
+                        f"{self.name}(methods={list(self.methods)}): {method!r} does not apply "
+                        f"to these {classes}-class outputs: {error}"
+                    ) from error
+                continue
+            applicable.append(method)
+        return tuple(applicable)
+
+    def _gathered(self, trainer: pl.Trainer, stage: str) -> tuple[Tensor, Tensor] | None:
+        """All processes' logits and targets of ``stage``, on the CPU (``None``: there are none)."""
+        logits_list, targets = self._buffers.pop(stage, ([], []))
+        strategy = trainer.strategy
+        local = sum(len(t) for t in targets)
+        if trainer.world_size > 1:
+            gathered = strategy.all_gather(torch.tensor(local, device=strategy.root_device))
+            counts = [int(c) for c in gathered.flatten().tolist()]
+        else:
+            counts = [local]
+        if not sum(counts):
+            return None
+        if not all(counts):
+            empty = [rank for rank, count in enumerate(counts) if not count]
+            raise ValueError(
+                f"{self.name}: processes {empty} had no {stage} samples (samples per process: "
+                f"{counts}); give every process at least one"
+            )
+        logits, target = torch.cat(logits_list), torch.cat(targets)
+        logits = all_gather_uneven(strategy, logits)
+        return logits.cpu(), all_gather_uneven(strategy, target).cpu()
+
+    # --- fitting ---------------------------------------------------------------------------
+
+    def _select(self, logits: Tensor, target: Tensor) -> Selection:
+        """The choice by cross-validated NLL (the identity with fewer samples than folds)."""
+        from lightning_losses.calibration.posthoc.base import IdentityCalibrator, check_fit_inputs
+        from lightning_losses.calibration.posthoc.select import Selection, select_calibrator
+
+        z, y = check_fit_inputs(logits, target, owner=self.name, ignore_index=self.ignore_index)
+        candidates = [copy.deepcopy(self._templates[m]) for m in self._applicable]
+        fallbacks = {c.method: reason for c in candidates if (reason := c.cannot_help(z, y))}
+        if z.shape[0] < self.folds:
+            reason = f"{z.shape[0]} samples are fewer than folds={self.folds}"
+            fallbacks = {c.method: reason for c in candidates}
+            selection = Selection("none", IdentityCalibrator().fit(z, y), {}, self.folds)
+        else:
+            selection = select_calibrator(candidates, z, y, folds=self.folds)
+        for method, reason in fallbacks.items():
+            if method not in self._warned:
+                self._warned.add(method)
+                rank_zero_warn(
+                    f"{self.name}: {type(self._templates[method]).__name__} ({method}) falls "
+                    f"back to the identity: {reason}",
+                    category=LightningLossesWarning,
+                )
+        return dataclasses.replace(selection, fallbacks={**fallbacks, **selection.fallbacks})
+
+    def _evaluate(
+        self, calibrator: PostHocCalibrator, logits: Tensor, target: Tensor
+    ) -> tuple[dict, dict, Bins, Bins]:
+        """Raw and calibrated scores of ``logits`` (and their diagrams' bins)."""
+        from lightning_losses.calibration.posthoc.base import check_fit_inputs
+
+        z, y = check_fit_inputs(logits, target, owner=self.name, ignore_index=self.ignore_index)
+        with torch.no_grad():
+            raw = torch.log_softmax(z, dim=1)
+            calibrated = calibrator(z).to(torch.float64)
+        binary = logits.dim() == 1
+        before, bins_before = _scores(raw, y, binary=binary, n_bins=self.n_bins)
+        after, bins_after = _scores(calibrated, y, binary=binary, n_bins=self.n_bins)
+        return before, after, bins_before, bins_after
+
+    def _fit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        gathered = self._gathered(trainer, "val")  # every process takes part in the gathers
+        if gathered is None:
+            return
+        self._saw_samples = True
+        if self._kind == "multilabel":
+            if "multilabel" not in self._warned:
+                self._warned.add("multilabel")
+                rank_zero_warn(f"{self.name}: {self.MULTILABEL}", category=LightningLossesWarning)
+            return
+        logits, target = gathered
+        started = time.perf_counter()
+        try:
+            self.selection = self._select(logits, target)
+        except ValueError as error:
+            raise ValueError(
+                f"{self.name}(methods={list(self.methods)}) cannot calibrate the validation "
+                f"outputs of epoch {trainer.current_epoch}: {error}"
+            ) from error
+        self.fitted_at = {"epoch": trainer.current_epoch, "global_step": trainer.global_step}
+        self._restored, self._fitted_by = False, trainer
+        self.fit_seconds = time.perf_counter() - started
+        self._after_fit(trainer, pl_module, logits, target)
+
+    def _after_fit(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, logits: Tensor, target: Tensor
+    ) -> None:
+        """Log the fit: raw and calibrated scores, the candidates' scores, the fallbacks."""
+        assert self.selection is not None
+        selection = self.selection
+        before, after, bins_before, bins_after = self._evaluate(
+            selection.calibrator, logits, target
+        )
+        self.report = {
+            **{f"{q}_before": before[q] for q in QUANTITIES},
+            **{f"{q}_after": after[q] for q in QUANTITIES},
+        }
+        metrics = {
+            f"{PREFIX}cv_nll_{m}": s for m, s in selection.scores.items() if math.isfinite(s)
+        }
+        metrics.update({f"{PREFIX}fallback_{m}": 1.0 for m in selection.fallbacks})
+        metrics[f"{PREFIX}fit_seconds"] = self.fit_seconds
+        self._log_split(trainer, pl_module, "val", before, after, metrics)
+        fallbacks = "; ".join(f"{m}: {r}" for m, r in sorted(selection.fallbacks.items()))
+        _set_tags(
+            trainer,
+            {f"{PREFIX}method": selection.method, f"{PREFIX}fallbacks": fallbacks or "none"},
+        )
+        self._val_bins = (trainer.current_epoch, bins_before, bins_after)
+
+    def _log_split(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        stage: str,
+        before: Mapping[str, float],
+        after: Mapping[str, float],
+        extra: Mapping[str, float],
+    ) -> None:
+        """Log ``<stage>/posthoc_<q>``, the raw ``<stage>/<q>`` nobody else logs, and ``extra``."""
+        taken = self._keys_of_others(trainer)
+        metrics = {f"{stage}/{CALIBRATED}{q}": after[q] for q in QUANTITIES}
+        metrics.update(
+            {f"{stage}/{q}": before[q] for q in QUANTITIES if f"{stage}/{q}" not in taken}
+        )
+        metrics.update(extra)
+        self._own_keys.update(metrics)
+        # The same values on every process (computed from the gathered outputs): max is exact,
+        # and Lightning does not warn about an unsynchronized epoch metric.
+        pl_module.log_dict(metrics, sync_dist=True, reduce_fx="max")
+
+    def _keys_of_others(self, trainer: pl.Trainer) -> set[str]:
+        """Keys logged by anyone but this callback, remembered across epochs."""
+        self._other_keys.update(set(trainer.callback_metrics) - self._own_keys)
+        return self._other_keys
+
+    def _draw(self, trainer: pl.Trainer, stage: str, title: str, bins: tuple[Bins, Bins]) -> None:
+        """Save the raw and calibrated reliability diagrams and log them as artifacts (rank 0)."""
+        if not (self.log_diagrams and trainer.is_global_zero):
+            return
+        from lightning_losses.calibration.diagram import reliability_diagram
+
+        epoch = self.fitted_at.get("epoch")
+        suffix = "untrained" if epoch is None else f"epoch={epoch:03d}"
+        folder = figure_folder(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        loggers = artifact_loggers(trainer)
+        method = self.method or "none"
+        self.last_diagrams = []
+        for label, sums, name in (("raw", bins[0], "raw"), ("calibrated", bins[1], method)):
+            path = folder / f"posthoc_{stage}_{label}_{suffix}.png"
+            reliability_diagram(*sums, path=path, title=f"{title}, {name}")
+            self.last_diagrams.append(path)
+            for log_file in loggers:
+                log_file(str(path), artifact_path="calibration")
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._buffers.pop("val", None)
+        self._first.discard("val")
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # Checked in the sanity check too (before any training step), kept only after it.
+        self._read_batch("val", outputs, pl_module, keep=not trainer.sanity_checking)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        if self._due(trainer):
+            self._fit(trainer, pl_module)
+        elif self._buffers.pop("val", None) is not None:
+            self._saw_samples = True
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        """Fit now? Every ``every_n_epochs`` epochs, the last one, and outside ``fit``."""
+        if trainer.state.fn != "fit":
+            return True
+        epoch, last = trainer.current_epoch, trainer.max_epochs
+        final = last is not None and last >= 0 and epoch + 1 >= last
+        return final or (epoch + 1) % self.every_n_epochs == 0
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_of_others(trainer)  # also what the module logged in its epoch-end hook
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._val_bins is not None:  # before the logger closes the run
+            epoch, before, after = self._val_bins
+            self._draw(trainer, "val", f"val, epoch {epoch}", (before, after))
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.selection is not None or self._kind == "multilabel":  # fitted, or said so
+            return
+        reason = (
+            f"no validation epoch was due (every_n_epochs={self.every_n_epochs})"
+            if self._saw_samples
+            else "no validation outputs to fit on"
+        )
+        rank_zero_warn(f"{self.name}: {reason}", category=LightningLossesWarning)
+
+    def _applied(self, trainer: pl.Trainer, stage: str) -> PostHocCalibrator | None:
+        """The calibrator to apply at ``test``/``predict``; warns when there is none."""
+        if trainer.ckpt_path is not None and not self._restored:
+            self.selection, self.fitted_at = None, {}  # a checkpoint that holds none
+        if self.selection is None:
+            rank_zero_warn(
+                f"{self.name}: no fitted calibrator to {stage} with (fit first, or pass the "
+                "ckpt_path of a checkpoint saved with this callback): outputs are left as they "
+                "are",
+                category=LightningLossesWarning,
+            )
+        elif not self._current(trainer):
+            rank_zero_warn(
+                f"{self.name}: the calibrator was fitted at step "
+                f"{self.fitted_at.get('global_step')}, the weights are of step "
+                f"{trainer.global_step} (no validation since): outputs are left as they are",
+                category=LightningLossesWarning,
+            )
+            return None
+        return self.calibrator
+
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._test_calibrator = self._applied(trainer, "test")
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._buffers.pop("test", None)
+        self._first.discard("test")
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._read_batch("test", outputs, pl_module, keep=True)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        gathered = self._gathered(trainer, "test")  # every process takes part in the gathers
+        calibrator = self._test_calibrator
+        if gathered is None or calibrator is None or self._kind not in ("multiclass", "binary"):
+            return
+        before, after, bins_before, bins_after = self._evaluate(calibrator, *gathered)
+        self.test_report = {
+            **{f"{q}_before": before[q] for q in QUANTITIES},
+            **{f"{q}_after": after[q] for q in QUANTITIES},
+        }
+        self._log_split(trainer, pl_module, "test", before, after, {})
+        epoch = self.fitted_at.get("epoch")
+        self._draw(trainer, "test", f"test, epoch {epoch}", (bins_before, bins_after))
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_of_others(trainer)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        calibrator = self._applied(trainer, "predict")
+        if calibrator is None:
+            return
+        setter = getattr(pl_module, "set_calibrator", None)
+        if callable(setter):  # ClassifierModule applies it in its own predict_step
+            previous = getattr(pl_module, "calibrator", None)
+            setter(calibrator)
+            self._undo_predict = lambda: setter(previous)
+            return
+        original = pl_module.predict_step
+        owner, module = self.name, type(pl_module).__name__
+
+        def predict_step(*args: Any, **kwargs: Any) -> Tensor:
+            output = original(*args, **kwargs)
+            if not isinstance(output, Tensor) or not output.is_floating_point():
+                raise ValueError(
+                    f"{owner} calibrates the logits {module}.predict_step returns ([N, C], [N] "
+                    f"binary or [N, n, m]); it returned {describe_output(output)}"
+                )
+            return calibrated_probabilities(calibrator, output)
+
+        pl_module.predict_step = predict_step  # type: ignore[method-assign]
+        self._undo_predict = lambda: pl_module.__dict__.pop("predict_step", None)
+
+    def _restore_predict(self) -> None:
+        undo, self._undo_predict = self._undo_predict, None
+        if undo is not None:
+            undo()
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_predict()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore_predict()  # also after an exception while predicting
+
+
+def _scale_temperature(module: Any, factor: float) -> None:
+    """Multiply ``module.temperature`` (any module's divisor of its logits) by ``factor``."""
+    module.temperature = module.temperature * factor
+
+
+class TemperatureScalingCallback(PostHocCalibration):
+    """Temperature scaling fitted on each validation epoch: ``PostHocCalibration`` of one method.
+
+    The temperature is fitted (not chosen against the identity) on the gathered validation
+    logits of every validation epoch, saved in the checkpoint like any
+    :class:`PostHocCalibration`'s calibrator, and applied at ``test`` and ``predict``. Logs
+    ``calibration/temperature`` and the validation ECE and NLL before and after scaling
+    (``calibration/val_ece_before``, ``..._after``, ``calibration/val_nll_before``, ``..._after``)
+    to every logger, and keeps them in :attr:`report`. Under DDP the logits of all processes
+    are gathered first (processes may hold different numbers of samples, as with
+    :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`), so the fit is that of
+    one process over the whole validation set. Multiclass ``[N, C]`` and binary ``[N]`` logits
+    (n-by-m tasks are flattened to multiclass); ``[N, C]`` float targets are multi-label
+    outputs, skipped with a warning, unless ``soft_labels=True`` says they are soft labels (each
+    row a distribution over the classes: annotator votes, mixup or distillation targets), which
+    the fit then takes as :meth:`TemperatureScaler.fit
+    <lightning_losses.calibration.posthoc.temperature.TemperatureScaler.fit>` does.
+
+    With ``apply_to_model=True`` the model's ``temperature`` attribute (such as that of
+    :class:`lightning_losses.lightning.classifier.ClassifierModule`) is multiplied by the
+    fitted value when fit ends, so later predictions are calibrated by the model itself (the
+    callback then leaves ``test`` and ``predict`` outputs alone); a model without one is an
+    error at set-up, before any training step.
+
+    Args:
+        n_bins: bins of the reported ECE.
+        max_iter: LBFGS iterations of the fit.
+        apply_to_model: scale ``pl_module.temperature`` by the fitted temperature.
+        ignore_index: leave out the samples whose target equals it (padding tokens), in the
+            fit and in the report; ``None`` keeps all.
+        soft_labels: ``[N, C]`` float targets are soft labels (rows summing to 1), not
+            multi-label ones; cannot be combined with ``ignore_index``.
+        outputs: how to read the logits and targets from what ``validation_step`` returns, as
+            :class:`~lightning_losses.callbacks.CalibrationMonitor`'s ``outputs`` (``None``: the
+            ``{"logits", "target"}`` dict).
+
+    Example:
+        >>> TemperatureScalingCallback(soft_labels=True).soft_labels
+        True
+    """
+
+    MULTILABEL: ClassVar[str] = (
+        "multi-label outputs are not scaled (pass soft_labels=True if the [N, C] targets are "
+        "soft labels)"
+    )
+
+    def __init__(
+        self,
+        n_bins: int = 15,
+        max_iter: int = 100,
+        apply_to_model: bool = False,
+        ignore_index: int | None = None,
+        soft_labels: bool = False,
+        outputs: OutputsSpec = None,
+    ) -> None:
+        if ignore_index is not None:
+            check_ignore_index(ignore_index)
+        check_flag("soft_labels", soft_labels)
+        check_flag("apply_to_model", apply_to_model)
+        if soft_labels and ignore_index is not None:
+            raise ValueError(
+                "ignore_index applies to integer class labels; with soft_labels=True leave it "
+                f"None and drop the rows of soft labels instead (got ignore_index={ignore_index})"
+            )
+        super().__init__(
+            methods=("temperature",),
+            method_args={"temperature": {"max_iter": max_iter}},
+            n_bins=n_bins,
+            ignore_index=ignore_index,
+            outputs=outputs,
+            log_diagrams=False,
+        )
+        self.max_iter = max_iter
+        self.apply_to_model = apply_to_model
+        self.soft_labels = soft_labels
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.apply_to_model and not hasattr(pl_module, "temperature"):
+            raise ValueError(
+                f"TemperatureScalingCallback(apply_to_model=True) scales "
+                f"{type(pl_module).__name__}.temperature, which it does not have: give the "
+                "module a `temperature` that divides its logits (ClassifierModule has one), "
+                "or use apply_to_model=False to fit and log the temperature only"
+            )
+        super().setup(trainer, pl_module, stage)
+
+    def _select(self, logits: Tensor, target: Tensor) -> Selection:
+        """The temperature fitted on all samples (integer or soft labels), never the identity."""
+        from lightning_losses.calibration.posthoc.select import Selection
+
+        scaler = copy.deepcopy(self._templates["temperature"])
+        scaler.fit(logits, target, ignore_index=self.ignore_index)
+        fallbacks = {"temperature": scaler.fallback} if scaler.fallback else {}
+        return Selection("temperature", scaler, {}, 0, fallbacks)
+
+    def _after_fit(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, logits: Tensor, target: Tensor
+    ) -> None:
+        """Log the historical keys, from the scaler's own report."""
+        scaler: Any = self.calibrator
+        report = scaler.report(logits, target, n_bins=self.n_bins, ignore_index=self.ignore_index)
+        self.report = {key: float(value) for key, value in report.items()}
+        metrics = {
+            "calibration/temperature": self.report["temperature"],
+            "calibration/val_ece_before": self.report["ece_before"],
+            "calibration/val_ece_after": self.report["ece_after"],
+            "calibration/val_nll_before": self.report["nll_before"],
+            "calibration/val_nll_after": self.report["nll_after"],
+        }
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_end(trainer, pl_module)
+        if self.apply_to_model and "temperature" in self.report:
+            _scale_temperature(pl_module, self.report["temperature"])
+
+    def _applied(self, trainer: pl.Trainer, stage: str) -> PostHocCalibrator | None:
+        """``None`` with ``apply_to_model``: the model divides by the temperature itself."""
+        if self.apply_to_model:
+            return None
+        return super()._applied(trainer, stage)
