@@ -363,10 +363,13 @@ def test_binary_logits_are_calibrated_as_two_classes(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_mlflow_gets_the_metrics_tags_and_diagrams(tmp_path):
+def test_mlflow_gets_the_metrics_tags_and_diagrams(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # MLflow's set_tracking_uri also sets MLFLOW_TRACKING_URI: monkeypatch restores it after
+    # the test, so later tests in this process do not log into this store.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     logger = MLFlowLogger(experiment_name="posthoc", tracking_uri=uri, save_dir=tmp_path)
     torch.manual_seed(0)
     small = TensorDataset(*(t[:12] for t in VAL.tensors))  # 12 samples: matrix needs 20
