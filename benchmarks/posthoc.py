@@ -452,7 +452,8 @@ def run(
                 case.error = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
                 k += 1
                 continue
-            k = _progress(k, total, started, f"{case.who} {case.method}", case.seconds[-1])
+            what = f"{case.who} {case.method} (held-out NLL {case.nll:.4f})"
+            k = _progress(k, total, started, what, case.seconds[-1])
     return epochs
 
 
@@ -602,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         more, note = torch_uncertainty_cases(data, methods, by_path=not args.no_tu_by_path)
         cases += more
         peers.append(note)
+    # the cross-validated choice last: the longest, and a stopped run keeps the others' lines
+    cases.sort(key=lambda case: case.method == "select_calibrator")
     units = {name: make(args.classes) for name, make in UNITS.items()}
     validation_epoch(*units["MNIST-1D CNN"], min(args.rows, 2 * BATCH))  # warm-up
     epochs = run(cases, units, args.rows, args.repeats)
