@@ -140,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--reuse-trained",
+        action="store_true",
+        help=(
+            "as --post-fit-only, but train the runs that have no complete run of any code "
+            "version (e.g. a variant added to a claim)"
+        ),
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show Lightning's and MLflow's output and each fit's own summary lines",
@@ -163,8 +171,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.seeds < 1 or args.epochs_scale <= 0 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1 and --epochs-scale > 0")
-    if args.fresh and args.post_fit_only:
-        parser.error("--fresh trains every run again and --post-fit-only trains none: pick one")
+    if args.fresh and (args.post_fit_only or args.reuse_trained):
+        parser.error(
+            "--fresh trains every run again and --post-fit-only / --reuse-trained reuse runs "
+            "of other code versions: pick one"
+        )
+    if args.post_fit_only and args.reuse_trained:
+        parser.error(
+            "--post-fit-only trains nothing and --reuse-trained trains what is missing: pick one"
+        )
     args.out_given = args.out is not None
     args.out = output_folder(args)
     return args

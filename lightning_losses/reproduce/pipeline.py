@@ -114,11 +114,12 @@ def _run_one(
     out: Path,
     since_ms: int | None = None,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> tuple[str, bool, float]:
     started = time.perf_counter()
     with fit_output_aside():  # the progress line says what matters; the run is in MLflow
         run_id, reused = run_or_reuse(
-            claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only
+            claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only, train_missing
         )
     return run_id, reused, time.perf_counter() - started
 
@@ -132,6 +133,7 @@ def run_claim(
     jobs: int = 1,
     since_ms: int | None = None,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> tuple[dict[tuple[str, int], str], int, list[str]]:
     """Run or reuse every (variant, seed) of a claim, ``jobs`` fits at a time.
 
@@ -139,7 +141,9 @@ def run_claim(
     ``since_ms`` (``--fresh``) only when it also started at or after it. ``post_fit_only``
     (``--post-fit-only``): nothing is trained; a run of another code version is reused and
     the post-fit metrics it lacks are computed from its checkpoint
-    (:func:`~lightning_losses.reproduce.runner.run_or_reuse`).
+    (:func:`~lightning_losses.reproduce.runner.run_or_reuse`); with ``train_missing``
+    (``--reuse-trained``) as well, a variant and seed with no complete run of any code version
+    is trained.
 
     With ``jobs > 1`` the fits run in that many worker processes (each with
     ``cpu_count // jobs`` torch threads); MLflow's SQLite store takes their writes in turn.
@@ -184,7 +188,15 @@ def run_claim(
         for k, (variant, seed) in enumerate(tasks, 1):
             try:
                 outcome: Any = _run_one(
-                    claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only
+                    claim,
+                    variant,
+                    seed,
+                    scale,
+                    tracking_uri,
+                    out,
+                    since_ms,
+                    post_fit_only,
+                    train_missing,
                 )
             except (Exception, SystemExit) as error:  # SystemExit: the CLI rejected the config
                 outcome = error
@@ -216,6 +228,7 @@ def run_claim(
                     out,
                     since_ms,
                     post_fit_only,
+                    train_missing,
                 ),
             )
             for variant, seed in tasks
@@ -282,10 +295,11 @@ def reproduce_claim(
     jobs: int = 1,
     since_ms: int | None = None,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> ClaimResult:
     """Run or reuse a claim's runs, read them back from MLflow, draw its figures."""
     runs, reused, failures = run_claim(
-        claim, seeds, scale, tracking_uri, out, jobs, since_ms, post_fit_only
+        claim, seeds, scale, tracking_uri, out, jobs, since_ms, post_fit_only, train_missing
     )
     result = collect(claim, runs, tracking_uri)
     result.reused = reused
@@ -304,9 +318,12 @@ def reproduce(
     jobs: int = 1,
     fresh: bool = False,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> Path:
     """Reproduce ``claims`` and write ``out/REPORT.md``; returns its path."""
-    return reproduce_all(claims, seeds, out, tracking_uri, scale, jobs, fresh, post_fit_only)[0]
+    return reproduce_all(
+        claims, seeds, out, tracking_uri, scale, jobs, fresh, post_fit_only, train_missing
+    )[0]
 
 
 def display_uri(uri: str) -> str:
@@ -337,13 +354,16 @@ def reproduce_all(
     jobs: int = 1,
     fresh: bool = False,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> tuple[Path, list[ClaimResult]]:
     """:func:`reproduce`, also returning each claim's result (failed runs included).
 
     ``fresh``: reuse no run made before this call; every run is trained again (a run this
     call made, such as claim 7's CNN for claim 8's cross-entropy arm, is still shared).
     ``post_fit_only``: train nothing; reuse runs of other code versions and complete their
-    post-fit metrics from their checkpoints (``--post-fit-only``).
+    post-fit metrics from their checkpoints (``--post-fit-only``). ``train_missing`` (with
+    ``post_fit_only``; ``--reuse-trained``): the same reuse, and the runs that have no complete
+    run of any code version are trained.
     """
     from lightning_losses.tracking import resolve_tracking_uri
 
@@ -353,7 +373,9 @@ def reproduce_all(
     # MLflow's start times are whole milliseconds; a run started in this call is not earlier.
     since_ms = int(time.time() * 1000) - 1 if fresh else None
     results = [
-        reproduce_claim(CLAIMS[n], seeds, scale, uri, out, jobs, since_ms, post_fit_only)
+        reproduce_claim(
+            CLAIMS[n], seeds, scale, uri, out, jobs, since_ms, post_fit_only, train_missing
+        )
         for n in claims
     ]
     more = [
@@ -372,9 +394,15 @@ def reproduce_all(
         + ("; `--fresh`: no run made before this invocation was reused." if fresh else "."),
     ]
     if post_fit_only:
+        trained = (
+            "`--reuse-trained`: only the runs with no complete run of any code version were "
+            "trained (by this code version)."
+            if train_missing
+            else "`--post-fit-only`: nothing was trained."
+        )
         header.append(
-            "`--post-fit-only`: nothing was trained. Where no run of this code version was "
-            "found, a complete run of another one was reused (the same config text, or that "
+            f"{trained} Where no run of this code version was found, a complete run of "
+            "another one was reused (the same config text, or that "
             "text with class paths spelt as before a move, the same overrides, seed and "
             "epochs), and the post-fit metrics it lacked were computed from its last "
             "checkpoint by this code version (the run's MLflow tag "
@@ -409,7 +437,8 @@ def run_command(args: argparse.Namespace) -> int:
         args.epochs_scale,
         args.jobs,
         args.fresh,
-        args.post_fit_only,
+        args.post_fit_only or args.reuse_trained,
+        args.reuse_trained,
     )
     print(f"report: {path}")
     failed = sum(len(r.failures) for r in results)

@@ -490,6 +490,7 @@ def run_or_reuse(
     out: Path,
     since_ms: int | None = None,
     post_fit_only: bool = False,
+    train_missing: bool = False,
 ) -> tuple[str, bool]:
     """Run id of ``variant`` with ``seed``: an existing complete run, else a new one.
 
@@ -500,7 +501,8 @@ def run_or_reuse(
     ``post_fit_only`` (``reproduce --post-fit-only``) trains nothing: without a run of this
     code version, a complete run of another one is reused (:func:`find_trained_run`) and the
     post-fit metrics it lacks are computed from its last checkpoint
-    (:func:`complete_post_fit`); without either, it raises ``LookupError``.
+    (:func:`complete_post_fit`); without either, it raises ``LookupError``, unless
+    ``train_missing`` (``reproduce --reuse-trained``), which trains the run then.
 
     Returns:
         ``(run_id, reused)``.
@@ -515,6 +517,8 @@ def run_or_reuse(
         return found, True
     if post_fit_only:
         found = find_trained_run(client, variant, seed, epochs)
+        if found is None and train_missing:
+            return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
         if found is None:
             raise LookupError(
                 f"--post-fit-only trains nothing, and no complete run of {variant.name} with "

@@ -293,6 +293,12 @@ def test_moved_class_paths_are_written_anew_in_a_saved_config() -> None:
 
 def test_post_fit_only_and_fresh_exclude_each_other(capsys) -> None:
     assert parse_args(["--claims", "8", "--post-fit-only"]).post_fit_only
+    assert parse_args(["--claims", "8", "--reuse-trained"]).reuse_trained
+    for pair in (["--fresh", "--reuse-trained"], ["--post-fit-only", "--reuse-trained"]):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--claims", "8", *pair])
+        assert exited.value.code == 2
+        assert "pick one" in capsys.readouterr().err
     with pytest.raises(SystemExit) as raised:
         parse_args(["--claims", "8", "--post-fit-only", "--fresh"])
     assert raised.value.code == 2
@@ -405,3 +411,17 @@ def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypa
     assert len(missing.failures) == 1
     assert "--post-fit-only trains nothing" in missing.failures[0]
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 2
+    # --reuse-trained: the same reuse, and the variant with no run of any version is trained
+    # (by this code version); the completed runs are reused as they are.
+    added = dataclasses.replace(shrunk_ce(tmp_path, test_samples=201), name="ce_201")
+    both = dataclasses.replace(claim, fixed_variants=(*claim.fixed_variants, added))
+    mixed = reproduce_claim(
+        both, seeds=1, scale=1.0, tracking_uri=uri, out=out, post_fit_only=True, train_missing=True
+    )
+    assert not mixed.failures
+    assert mixed.reused == 1
+    assert mixed.runs[("ce", 0)] == runs[("ce", 0)]
+    assert set(mixed.runs) == {("ce", 0), ("ce_201", 0)}
+    tags = client.get_run(mixed.runs[("ce_201", 0)]).data.tags
+    assert tags[version.CODE_VERSION_TAG] == "0.1.0+src.dddddddddddd"
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 3

@@ -33,9 +33,15 @@ the rows).
 
 The fit runs in float64 with L-BFGS (SciPy's L-BFGS-B without bounds, whose line search
 enforces the strong Wolfe conditions; the objective and its gradient by torch, on the logits'
-device) from the identity map (:math:`W = I`, :math:`b = 0`), on detached copies of the logits,
-until the largest gradient entry is below 1e-10 or an iteration lowers the objective by less
-than the float64 machine epsilon relative to it (:func:`minimise_lbfgs`).
+device), on detached copies of the logits, until the largest gradient entry is below 1e-10 or an
+iteration lowers the objective by less than the float64 machine epsilon relative to it
+(:func:`minimise_lbfgs`). Two choices make it fast without changing the minimiser: it starts
+from temperature scaling's map (:math:`W = I / T`, :math:`b = 0`, which gives
+``softmax(z / T)`` for the logits and for their log-softmax alike), and it optimises the same
+objective in standardised coordinates (with :math:`x = m + s \odot u` column by column, the
+map :math:`W x + b` is :math:`(W \operatorname{diag} s) u + (W m + b)`; the penalty is still
+computed on :math:`W, b`), which L-BFGS handles far better than raw log-probabilities whose
+entries reach -50 and below.
 
 Sources: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017 (vector and matrix
 scaling); Kull et al., "Beyond temperature scaling: obtaining well-calibrated multiclass
@@ -55,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.calibration.posthoc.base import PostHocCalibrator
+from lightning_losses.calibration.posthoc.temperature import fit_temperature
 from lightning_losses.functional.checks import check_int, check_real
 
 __all__ = ["DirichletCalibration", "MatrixScaling", "VectorScaling", "minimise_lbfgs"]
@@ -131,7 +138,7 @@ class _AffineCalibrator(PostHocCalibrator, abc.ABC):
 
     @abc.abstractmethod
     def identity_weight(self, num_classes: int) -> Tensor:
-        """The float64 weight of the identity map, where the fit starts."""
+        """The float64 weight of the identity map (divided by ``T``, it is where the fit starts)."""
 
     @abc.abstractmethod
     def affine(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -141,20 +148,44 @@ class _AffineCalibrator(PostHocCalibrator, abc.ABC):
         """The regularisation added to the mean NLL (none by default)."""
         return weight.new_zeros(())
 
+    def bias_is_free(self) -> bool:
+        """Whether the objective ignores a common shift of the bias (no penalty on it)."""
+        return True
+
     def _fit(self, logits: Tensor, target: Tensor) -> dict[str, Tensor]:
         x = self.features(logits)
-        weight = self.identity_weight(x.shape[1]).to(x.device)
+        # Exact preconditioning: the affine map of x = shift + scale * u (u: standardised
+        # columns) is W x + b = (W * scale) u + (W shift + b), so the fit runs on u with
+        # V = W * scale and c = W shift + b; W and b are recovered from them in the objective,
+        # which is the same function of (W, b). L-BFGS takes far fewer steps on u than on raw
+        # log-probabilities (entries down to -50 and below at confident rows).
+        shift = x.mean(dim=0)
+        scale = x.std(dim=0)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        u = (x - shift) / scale
+        # Start from temperature scaling's map (W = I / T, b = 0: softmax(z / T) for the
+        # logits and for their log-softmax alike), a point of the same convex problem.
+        temperature = fit_temperature(logits, target)
+        weight = self.identity_weight(x.shape[1]).to(x.device) / temperature
+        zero = x.new_zeros(x.shape[1])
         split = weight.numel()
 
-        def unpack(theta: Tensor) -> tuple[Tensor, Tensor]:
-            return theta[:split].view_as(weight), theta[split:]
+        def original(theta: Tensor) -> tuple[Tensor, Tensor]:
+            v, c = theta[:split].view_as(weight), theta[split:]
+            w = v / scale
+            return w, c - self.affine(shift[None, :], w, zero)[0]
 
         def objective(theta: Tensor) -> Tensor:
-            w, b = unpack(theta)
-            return F.cross_entropy(self.affine(x, w, b), target) + self.penalty(w, b)
+            v, c = theta[:split].view_as(weight), theta[split:]
+            w, b = original(theta)
+            return F.cross_entropy(self.affine(u, v, c), target) + self.penalty(w, b)
 
-        start = torch.cat([weight.flatten(), x.new_zeros(x.shape[1])])
-        w, b = unpack(minimise_lbfgs(objective, start, max_iter=self.max_iter))
+        start = torch.cat(
+            [(weight * scale).flatten(), self.affine(shift[None, :], weight, zero)[0]]
+        )
+        w, b = original(minimise_lbfgs(objective, start, max_iter=self.max_iter))
+        if self.bias_is_free():  # the same probabilities; the representative with sum(b) = 0
+            b = b - b.mean()
         return {"weight": w, "bias": b}
 
     def _log_probs(self, logits: Tensor) -> Tensor:
@@ -170,7 +201,8 @@ class VectorScaling(_AffineCalibrator):
         g(z) = \log \operatorname{softmax}(w \odot z + b), \qquad
         (w, b) = \arg\min -\frac{1}{N} \sum_i \log \operatorname{softmax}(w \odot z_i + b)_{y_i}
 
-    (no penalty), fitted from ``w = 1``, ``b = 0`` in float64 with L-BFGS. The optimum's
+    (no penalty), fitted from temperature scaling's ``w = 1 / T``, ``b = 0`` in float64 with
+    L-BFGS. The optimum's
     probabilities are those of dirichletcal's ``VectorScaling(logit_input=True)`` (its
     ``reg_lambda_list=[0.0]`` default); ``b`` is defined up to a common shift (the fit keeps
     ``sum(b) = 0``). Falls back to the identity with fewer than ``2 C`` samples.
@@ -226,6 +258,10 @@ class _FullAffine(_AffineCalibrator):
         """``x W^T + b`` (row by row, ``W x_i + b``)."""
         return x @ weight.T + bias
 
+    def bias_is_free(self) -> bool:
+        """Without the intercept penalty (``reg_mu = 0``) a common shift of ``b`` is free."""
+        return self.reg_mu == 0
+
     def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
         """ODIR: ``λ / (C (C - 1)) sum_{i != j} W_ij^2 + μ / C sum_j b_j^2``."""
         c = weight.shape[0]
@@ -249,7 +285,7 @@ class MatrixScaling(_FullAffine):
             + \frac{\lambda}{C (C - 1)} \sum_{i \ne j} W_{ij}^2 + \frac{\mu}{C} \sum_j b_j^2
 
     (see :mod:`~lightning_losses.calibration.posthoc.linear` for how this equals dirichletcal's
-    objective with ``reg_norm=True, ref_row=False``), fitted from ``W = I``, ``b = 0`` in
+    objective with ``reg_norm=True, ref_row=False``), fitted from ``W = I / T``, ``b = 0`` in
     float64 with L-BFGS. ``reg_lambda = reg_mu = 0`` is the unregularised matrix scaling of
     Guo et al. Falls back to the identity with fewer than ``C^2 + C`` samples.
 
@@ -291,8 +327,8 @@ class DirichletCalibration(_FullAffine):
     objective of dirichletcal's ``FullDirichletCalibrator(reg_lambda=λ, reg_mu=μ,
     reg_norm=True, ref_row=False)`` (see :mod:`~lightning_losses.calibration.posthoc.linear`),
     which takes ``log(clip(q))``; here the log-probabilities are ``log_softmax(z)`` without
-    clipping. Fitted from ``W = I``, ``b = 0`` in float64 with L-BFGS. Falls back to the
-    identity with fewer than ``C^2 + C`` samples.
+    clipping. Fitted from ``W = I / T``, ``b = 0`` (temperature scaling) in float64 with
+    L-BFGS. Falls back to the identity with fewer than ``C^2 + C`` samples.
 
     Source: Kull et al., "Beyond temperature scaling: obtaining well-calibrated multiclass
     probabilities with Dirichlet calibration", NeurIPS 2019.
