@@ -413,7 +413,7 @@ def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypa
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 2
     # --reuse-trained: the same reuse, and the variant with no run of any version is trained
     # (by this code version); the completed runs are reused as they are.
-    added = dataclasses.replace(shrunk_ce(tmp_path, test_samples=201), name="ce_201")
+    added = dataclasses.replace(shrunk_ce(tmp_path, test_samples=210), name="ce_210")
     both = dataclasses.replace(claim, fixed_variants=(*claim.fixed_variants, added))
     mixed = reproduce_claim(
         both, seeds=1, scale=1.0, tracking_uri=uri, out=out, post_fit_only=True, train_missing=True
@@ -421,7 +421,7 @@ def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypa
     assert not mixed.failures
     assert mixed.reused == 1
     assert mixed.runs[("ce", 0)] == runs[("ce", 0)]
-    assert set(mixed.runs) == {("ce", 0), ("ce_201", 0)}
-    tags = client.get_run(mixed.runs[("ce_201", 0)]).data.tags
+    assert set(mixed.runs) == {("ce", 0), ("ce_210", 0)}
+    tags = client.get_run(mixed.runs[("ce_210", 0)]).data.tags
     assert tags[version.CODE_VERSION_TAG] == "0.1.0+src.dddddddddddd"
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 3
