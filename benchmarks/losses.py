@@ -74,7 +74,12 @@ def _family_cases() -> dict[str, tuple[str, Case]]:
             lambda x, t, y: LF.adafocal_loss(x, t, edges=ADAFOCAL_EDGES, gammas=ADAFOCAL_GAMMAS),
         ),
         "hard_truncated_loss": ("index", lambda x, t, y: LF.hard_truncated_loss(x, t)),
+        "poly1_loss": ("index", lambda x, t, y: LF.poly1_loss(x, t, epsilon=1.0)),
     }
+
+
+#: The losses with a batch-level calibration penalty (target: within 1.50x F.cross_entropy).
+BATCH_PENALTIES = ("mdca_loss", "dca_loss", "mmce_loss")
 
 
 def _other_cases() -> dict[str, tuple[str, Case]]:
@@ -86,6 +91,11 @@ def _other_cases() -> dict[str, tuple[str, Case]]:
 
     return {
         "soft_truncated_loss": ("index", lambda x, t, y: LF.soft_truncated_loss(x, t)),
+        "mbls_loss": ("index", lambda x, t, y: LF.mbls_loss(x, t)),
+        "dual_focal_loss": ("index", lambda x, t, y: LF.dual_focal_loss(x, t)),
+        "mdca_loss": ("index", lambda x, t, y: LF.mdca_loss(x, t)),
+        "dca_loss": ("index", lambda x, t, y: LF.dca_loss(x, t)),
+        "mmce_loss": ("index", lambda x, t, y: LF.mmce_loss(x, t)),
         "exact_loss (32 nodes)": ("index", lambda x, t, y: LF.exact_loss(x, t)),
         "binary_focal_loss": ("binary", lambda x, t, y: LF.binary_focal_loss(x, y)),
         "binary_soft_truncated_loss": (
@@ -267,6 +277,14 @@ def print_targets(median: dict[str, float], memory: dict[str, float]) -> None:
                 "F.cross_entropy(ls=0.1)"
             )
         print(line + " (target: within 1.10x of the unsmoothed time, no extra [N, C] memory)")
+    poly1 = median["poly1_loss"] / median["F.cross_entropy"]
+    print(f"poly1_loss: {poly1:.3f}x F.cross_entropy (target: within 1.10x)")
+    penalties = {name: median[name] / median["F.cross_entropy"] for name in BATCH_PENALTIES}
+    print(
+        "batch-level penalties: "
+        + ", ".join(f"{name} {ratio:.3f}x" for name, ratio in penalties.items())
+        + " F.cross_entropy (target: within 1.50x)"
+    )
     adafocal = median["adafocal_loss (15 bins)"]
     print(
         f"adafocal_loss / focal_loss(2): {adafocal / median['focal_loss(2)']:.3f}x, "

@@ -28,6 +28,12 @@ BUILTIN_LOSSES: dict[str, str] = {
     "exact": "EXACTLoss",
     "multilabel_ce": "MultilabelCategoricalCrossEntropyLoss",
     "nm_ce": "NMCategoricalCrossEntropyLoss",
+    "poly1": "Poly1Loss",
+    "mbls": "MbLSLoss",
+    "dual_focal": "DualFocalLoss",
+    "mdca": "MDCALoss",
+    "dca": "DCALoss",
+    "mmce": "MMCELoss",
 }
 
 

@@ -23,14 +23,22 @@ from lightning_losses.functional.binary import (
     check_binary_ignore_index,
     check_pos_weight_values,
 )
+from lightning_losses.functional.calibration_penalties import dca_loss, mdca_loss, mmce_loss
 from lightning_losses.functional.checks import (
+    check_dca,
+    check_dual_focal,
     check_flag,
     check_int,
     check_loss_options,
+    check_mbls,
+    check_mdca,
+    check_mmce,
     check_range,
 )
+from lightning_losses.functional.dual_focal import dual_focal_loss
 from lightning_losses.functional.exact import check_exact, check_exact_options
 from lightning_losses.functional.linear import LINEAR_TARGET_LOSSES, check_chunk_size, resolve_loss
+from lightning_losses.functional.margin import mbls_loss
 from lightning_losses.functional.multilabel import check_nm
 from lightning_losses.functional.target_probability import (
     check_adaptive_focal,
@@ -39,6 +47,8 @@ from lightning_losses.functional.target_probability import (
     check_gamma_ce,
     check_hard_truncated,
     check_no_label_smoothing,
+    check_poly1,
+    poly1_loss,
 )
 from lightning_losses.functional.truncation import check_soft_truncated
 
@@ -360,6 +370,47 @@ class SoftTruncatedLoss(CrossEntropyLoss):
         self.k = k
 
 
+class Poly1Loss(CrossEntropyLoss):
+    """Poly-1 ``-log p_t + epsilon (1 - p_t)`` (:func:`~lightning_losses.functional.target_probability.poly1_loss`).
+
+    ``epsilon`` (``>= -1``, default 1) is a plain attribute, open to a schedule like ``gamma``
+    (:class:`~lightning_losses.callbacks.LossScheduler` over ``"epsilon"``); ``weight``,
+    ``ignore_index`` and ``reduction`` have the meaning they have in
+    :class:`CrossEntropyLoss`, and ``epsilon = 0`` is cross-entropy.
+
+    Example:
+        >>> loss = Poly1Loss(epsilon=1.0)
+        >>> loss(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.4526)
+        >>> loss.epsilon = 0.0
+        >>> loss(torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.2395)
+    """  # noqa: E501
+
+    function = staticmethod(poly1_loss)
+    check = staticmethod(check_poly1)
+    hyperparameter_names = ("epsilon",)
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = 1.0,
+        label_smoothing: float = 0.0,
+        weight: Sequence[float] | Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__(
+            label_smoothing=label_smoothing,
+            weight=weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            validate_args=validate_args,
+        )
+        self.epsilon = epsilon
+
+
 class FocalLoss(FunctionalLoss):
     """Focal loss ``-alpha_t (1-p_t)^gamma log p_t`` (:func:`~lightning_losses.functional.focal_loss`).
 
@@ -524,6 +575,81 @@ class AdaFocalLoss(FunctionalLoss):
 
 
 _BINARY_OPTIONS = ("pos_weight", "ignore_index", "reduction", "validate_args")
+
+
+class MbLSLoss(FunctionalLoss):
+    """Margin-based label smoothing (:func:`~lightning_losses.functional.margin.mbls_loss`).
+
+    ``-log p_t + alpha / C * sum_k max(0, max_j x_j - x_k - margin)``. ``margin`` and
+    ``alpha`` (both ``>= 0``; defaults 10 and 0.1, the authors') are plain attributes, open
+    to a schedule (:class:`~lightning_losses.callbacks.LossScheduler` over ``"alpha"`` or
+    ``"margin"``); ``alpha = 0`` is cross-entropy.
+
+    Source: Liu, Ben Ayed, Galdran and Dolz, "The devil is in the margins: margin-based label
+    smoothing for network calibration" (CVPR 2022).
+
+    Example:
+        >>> loss = MbLSLoss(margin=10.0, alpha=0.1)
+        >>> loss(torch.tensor([[12.0, 0.0, 1.0]]), torch.tensor([0]))
+        tensor(0.1000)
+        >>> loss.alpha = 0.3  # e.g. set by a schedule: CE (2e-5) + 0.3 * (0 + 2 + 1) / 3
+        >>> loss(torch.tensor([[12.0, 0.0, 1.0]]), torch.tensor([0]))
+        tensor(0.3000)
+    """
+
+    function = staticmethod(mbls_loss)
+    check = staticmethod(check_mbls)
+    hyperparameter_names = ("margin", "alpha")
+    option_names = ("ignore_index", "reduction", "validate_args")
+
+    def __init__(
+        self,
+        *,
+        margin: float = 10.0,
+        alpha: float = 0.1,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.margin = margin
+        self.alpha = alpha
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
+
+
+class DualFocalLoss(FunctionalLoss):
+    """Dual focal loss ``-(1 - p_t + p_j)^gamma log p_t`` (:func:`~lightning_losses.functional.dual_focal.dual_focal_loss`).
+
+    ``p_j`` is the largest probability strictly below ``p_t`` (0 if none). ``gamma``
+    (``>= 0``, default 1) is a plain attribute, open to a schedule like focal loss's.
+
+    Source: Tao, Dong and Xu, "Dual Focal Loss for Calibration" (ICML 2023).
+
+    Example:
+        >>> DualFocalLoss(gamma=2.0)(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0]))
+        tensor(0.1369)
+    """  # noqa: E501
+
+    function = staticmethod(dual_focal_loss)
+    check = staticmethod(check_dual_focal)
+    hyperparameter_names = ("gamma",)
+    option_names = ("ignore_index", "reduction", "validate_args")
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.gamma = gamma
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.validate_args = validate_args
 
 
 class _BinaryLoss(FunctionalLoss):
@@ -751,6 +877,139 @@ class NMCategoricalCrossEntropyLoss(FunctionalLoss):
         check_nm(self.variant)
 
 
+class _BatchPenaltyLoss(FunctionalLoss):
+    """Base of the losses with a batch-level calibration penalty (MDCA, DCA, MMCE): options.
+
+    ``global_batch`` is an option, not a hyper-parameter: ``False`` (the authors' form) takes
+    the penalty of each rank's own batch, ``True`` that of the batch of all ranks of the default
+    process group (:mod:`lightning_losses.functional.global_batch`). ``label_smoothing`` is
+    accepted as 0 only, so that a config may keep the key.
+    """
+
+    option_names = ("ignore_index", "reduction", "global_batch", "validate_args")
+
+    ignore_index: int
+    reduction: str
+    global_batch: bool
+    validate_args: bool
+
+    def _set_options(
+        self,
+        label_smoothing: float,
+        ignore_index: int,
+        reduction: str,
+        global_batch: bool,
+        validate_args: bool,
+    ) -> None:
+        check_no_label_smoothing(type(self).__name__, label_smoothing)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.global_batch = global_batch
+        self.validate_args = validate_args
+
+    def check_hyperparameters(self) -> None:
+        """As :meth:`FunctionalLoss.check_hyperparameters`, and ``global_batch``."""
+        super().check_hyperparameters()
+        check_flag("global_batch", self.global_batch)
+
+
+class MDCALoss(_BatchPenaltyLoss):
+    """Cross-entropy (or focal) plus ``beta`` times MDCA (:func:`~lightning_losses.functional.calibration_penalties.mdca_loss`).
+
+    ``beta`` (``>= 0``, default 1) and ``gamma`` (``>= 0``, default 0: cross-entropy; ``> 0``:
+    focal loss as the base, the authors' "FL+MDCA") are plain attributes, open to a schedule
+    (:class:`~lightning_losses.callbacks.LossScheduler` over ``"beta"``).
+
+    Example:
+        >>> loss = MDCALoss(beta=1.0)
+        >>> loss(torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 0]))
+        tensor(0.7196)
+        >>> loss.beta = 0.0  # cross-entropy alone
+        >>> loss(torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 0]))
+        tensor(0.4100)
+    """  # noqa: E501
+
+    function = staticmethod(mdca_loss)
+    check = staticmethod(check_mdca)
+    hyperparameter_names = ("beta", "gamma")
+
+    def __init__(
+        self,
+        *,
+        beta: float = 1.0,
+        gamma: float = 0.0,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        global_batch: bool = False,
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.beta = beta
+        self.gamma = gamma
+        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+
+
+class DCALoss(_BatchPenaltyLoss):
+    """Cross-entropy plus ``beta`` times DCA (:func:`~lightning_losses.functional.calibration_penalties.dca_loss`).
+
+    ``beta`` (``>= 0``, default 10, the authors') is a plain attribute, open to a schedule.
+
+    Example:
+        >>> loss = DCALoss(beta=1.0)
+        >>> loss(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+        tensor(1.0260)
+    """  # noqa: E501
+
+    function = staticmethod(dca_loss)
+    check = staticmethod(check_dca)
+    hyperparameter_names = ("beta",)
+
+    def __init__(
+        self,
+        *,
+        beta: float = 10.0,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        global_batch: bool = False,
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.beta = beta
+        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+
+
+class MMCELoss(_BatchPenaltyLoss):
+    """Cross-entropy plus ``lambda_`` times MMCE_m squared (:func:`~lightning_losses.functional.calibration_penalties.mmce_loss`).
+
+    ``lambda_`` (``>= 0``, default 1) is a plain attribute, open to a schedule.
+
+    Example:
+        >>> loss = MMCELoss(lambda_=1.0)
+        >>> loss(torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 1]))
+        tensor(0.4646)
+    """  # noqa: E501
+
+    function = staticmethod(mmce_loss)
+    check = staticmethod(check_mmce)
+    hyperparameter_names = ("lambda_",)
+
+    def __init__(
+        self,
+        *,
+        lambda_: float = 1.0,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        global_batch: bool = False,
+        validate_args: bool = True,
+    ) -> None:
+        super().__init__()
+        self.lambda_ = lambda_
+        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+
+
 class LinearTargetLoss(nn.Module):
     """A target-probability loss over a linear head, chunk by chunk (:func:`~lightning_losses.functional.linear_target_loss`).
 
@@ -762,13 +1021,14 @@ class LinearTargetLoss(nn.Module):
     sets ``criterion.gamma`` of a ``"gamma_ce"`` criterion.
 
     Args:
-        loss: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``, ``adaptive_focal`` or
-            ``hard_truncated``.
+        loss: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``, ``adaptive_focal``,
+            ``hard_truncated`` or ``poly1``.
         gamma: ``gamma_ce`` (default 0.5) or ``focal`` (default 2).
         threshold: ``gamma_ce`` (default 0).
         thresholds: ``adaptive_focal`` (default ``(0.2,)``).
         gammas: ``adaptive_focal`` (default ``(5, 3)``).
         margin: ``hard_truncated`` (default 0.5).
+        epsilon: ``poly1`` (default 1).
         label_smoothing: ``ce`` and ``gamma_ce`` (default 0): ``eps`` in ``[0, 1)``, the
             loss ``(1 - eps) * w_t * phi(log p_t) + eps / V * sum_c w_c (-log p_c)`` of
             :func:`~lightning_losses.functional.cross_entropy` and
@@ -808,6 +1068,7 @@ class LinearTargetLoss(nn.Module):
         thresholds: Sequence[float] | None = None,
         gammas: Sequence[float] | None = None,
         margin: float | None = None,
+        epsilon: float | None = None,
         label_smoothing: float | None = None,
         class_weight: Sequence[float] | Tensor | None = None,
         chunk_size: int | None = None,
@@ -823,6 +1084,7 @@ class LinearTargetLoss(nn.Module):
             "thresholds": thresholds,
             "gammas": gammas,
             "margin": margin,
+            "epsilon": epsilon,
             "label_smoothing": label_smoothing,
         }
         _, resolved = resolve_loss(loss, {k: v for k, v in given.items() if v is not None})

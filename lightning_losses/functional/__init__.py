@@ -11,8 +11,18 @@ from lightning_losses.functional.binary import (
     binary_hard_truncated_loss,
     binary_soft_truncated_loss,
 )
+from lightning_losses.functional.calibration_penalties import (
+    dca_loss,
+    dca_penalty,
+    mdca_loss,
+    mdca_penalty,
+    mmce_loss,
+    mmce_penalty,
+)
+from lightning_losses.functional.dual_focal import dual_focal_loss
 from lightning_losses.functional.exact import exact_log_probability, exact_loss
 from lightning_losses.functional.linear import linear_target_loss
+from lightning_losses.functional.margin import mbls_loss
 from lightning_losses.functional.multilabel import (
     multilabel_categorical_crossentropy,
     nm_categorical_crossentropy,
@@ -24,6 +34,7 @@ from lightning_losses.functional.target_probability import (
     focal_loss,
     gamma_cross_entropy,
     hard_truncated_loss,
+    poly1_loss,
     soft_accuracy_loss,
 )
 from lightning_losses.functional.truncation import soft_truncated_loss
@@ -36,6 +47,9 @@ __all__ = [
     "binary_hard_truncated_loss",
     "binary_soft_truncated_loss",
     "cross_entropy",
+    "dca_loss",
+    "dca_penalty",
+    "dual_focal_loss",
     "exact_log_probability",
     "exact_loss",
     "feature_incay",
@@ -43,9 +57,15 @@ __all__ = [
     "gamma_cross_entropy",
     "hard_truncated_loss",
     "linear_target_loss",
+    "mbls_loss",
+    "mdca_loss",
+    "mdca_penalty",
+    "mmce_loss",
+    "mmce_penalty",
     "multilabel_categorical_crossentropy",
     "nm_categorical_crossentropy",
     "normface_min_scale",
+    "poly1_loss",
     "soft_accuracy_loss",
     "soft_truncated_loss",
 ]

@@ -888,6 +888,85 @@ def check_sums_to_one(
     )
 
 
+# --- the hyper-parameters of the margin and dual focal losses ------------------------------------
+
+
+def check_mbls(margin: float, alpha: float) -> None:
+    """Check MbLS's hyper-parameters: ``margin`` and ``alpha``, both finite and ``>= 0``.
+
+    Raises:
+        ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
+
+    Example:
+        >>> check_mbls(10.0, 0.1)
+        >>> check_mbls(-1.0, 0.1)
+        Traceback (most recent call last):
+        ...
+        ValueError: margin must lie in [0, inf); got -1.0
+    """
+    check_range("margin", margin, low=0.0)
+    check_range("alpha", alpha, low=0.0)
+
+
+def check_dual_focal(gamma: float) -> None:
+    """Check dual focal loss's ``gamma``: finite and ``>= 0``.
+
+    Raises:
+        ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
+
+    Example:
+        >>> check_dual_focal(-0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: gamma must lie in [0, inf); got -0.5
+    """
+    check_range("gamma", gamma, low=0.0)
+
+
+# --- the hyper-parameters of the batch-level calibration penalties ------------------------------
+
+
+def check_mdca(beta: float, gamma: float) -> None:
+    """Check MDCA's hyper-parameters: ``beta`` and ``gamma``, both finite and ``>= 0``.
+
+    Raises:
+        ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
+
+    Example:
+        >>> check_mdca(1.0, 0.0)
+        >>> check_mdca(-1.0, 0.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: beta must lie in [0, inf); got -1.0
+    """
+    check_range("beta", beta, low=0.0)
+    check_range("gamma", gamma, low=0.0)
+
+
+def check_dca(beta: float) -> None:
+    """Check DCA's ``beta``: finite and ``>= 0``.
+
+    Raises:
+        ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
+    """
+    check_range("beta", beta, low=0.0)
+
+
+def check_mmce(lambda_: float) -> None:
+    """Check MMCE's ``lambda_``: finite and ``>= 0``.
+
+    Raises:
+        ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
+
+    Example:
+        >>> check_mmce(-0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: lambda_ must lie in [0, inf); got -0.5
+    """
+    check_range("lambda_", lambda_, low=0.0)
+
+
 # --- the options of the loss modules ------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ product more (about 4/3 the time of ``"mean"``, same memory).
 
 Source: the chunked head follows PyTorch's ``linear_cross_entropy`` (batch-chunked, gradients
 precomputed in forward); the family and its ``phi`` are those of the target-probability
-family (TaiLr's gamma-CE, focal loss).
+family (TaiLr's gamma-CE, focal loss, Poly-1).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from lightning_losses.functional.target_probability import (
     check_gamma_ce,
     check_hard_truncated,
     check_no_label_smoothing,
+    check_poly1,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ LINEAR_TARGET_LOSSES: dict[str, dict[str, Any]] = {
     "focal": {"gamma": 2.0},
     "adaptive_focal": {"thresholds": (0.2,), "gammas": (5.0, 3.0)},
     "hard_truncated": {"margin": 0.5},
+    "poly1": {"epsilon": 1.0},
 }
 
 #: The checks of the plain-logits losses, by name: the ranges are the same.
@@ -80,6 +82,7 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "focal": check_focal,
     "adaptive_focal": check_adaptive_focal,
     "hard_truncated": check_hard_truncated,
+    "poly1": check_poly1,
 }
 
 #: Bytes of one chunk's float32 logits that :func:`default_chunk_size` aims at.
@@ -703,6 +706,7 @@ def linear_target_loss(
     ``focal``           ``-(1-p_t)^gamma log p_t``                             ``gamma=2``
     ``adaptive_focal``  focal, ``gamma`` from ``p_t`` (FLSD-53)                ``thresholds=(0.2,), gammas=(5, 3)``
     ``hard_truncated``  ``-log p_t`` where ``p_t <= margin``, else 0           ``margin=0.5``
+    ``poly1``           ``-log p_t + epsilon (1 - p_t)`` (Poly-1)              ``epsilon=1``
     ==================  =====================================================  ====================================
 
     ``ce`` and ``gamma_ce`` also take ``label_smoothing=eps`` in ``[0, 1)`` (default 0), with
@@ -727,15 +731,15 @@ def linear_target_loss(
     disabled inside.
 
     Sources: TaiLr (Ji et al., ICLR 2023) for ``gamma_ce``, which was made for text
-    generation; focal loss (Lin et al., 2017); PyTorch's chunked
-    ``linear_cross_entropy`` for the chunking.
+    generation; focal loss (Lin et al., 2017); Poly-1 (Leng et al., "PolyLoss", ICLR 2022);
+    PyTorch's chunked ``linear_cross_entropy`` for the chunking.
 
     Args:
         hidden: ``[N, H]`` or ``[B, L, H]`` (any leading shape) hidden states.
         weight: ``[V, H]`` output weight (e.g. a tied embedding).
         target: class indices of the shape of ``hidden`` without its last dimension.
         loss: a name of the family: ``ce``, ``gamma_ce``, ``soft_accuracy``, ``focal``,
-            ``adaptive_focal``, ``hard_truncated``.
+            ``adaptive_focal``, ``hard_truncated``, ``poly1``.
         bias: optional ``[V]`` output bias.
         class_weight: optional ``[V]`` float weight per class, finite and ``>= 0``: row ``i``
             counts ``w[t_i]`` times, and ``"mean"`` divides by the sum of the weights of the
@@ -768,6 +772,8 @@ def linear_target_loss(
         tensor([0.0109, 0.4883])
         >>> linear_target_loss(hidden, weight, target, loss="gamma_ce", gamma=1.0)  # 1 - p_t
         tensor(0.4398)
+        >>> linear_target_loss(hidden, weight, target, loss="poly1", epsilon=1.0, reduction="none")
+        tensor([0.4526, 1.7653])
         >>> linear_target_loss(hidden, weight, target, loss="ce", label_smoothing=0.3,
         ...                    reduction="none")
         tensor([0.6395, 1.0986])

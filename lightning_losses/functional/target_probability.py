@@ -97,6 +97,16 @@ def phi_adaptive_focal(
     return phi_focal(log_p, gamma)
 
 
+def phi_poly1(log_p: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """``-log p + epsilon (1-p)`` and its derivative ``-1 - epsilon p = -(1+epsilon) + epsilon q``.
+
+    ``q = 1 - p = -expm1(log p)`` keeps its digits where ``p`` is near 1, and the derivative is
+    written with ``q`` so that at ``epsilon = -1`` it is ``-q`` itself, not ``p - 1`` rounded.
+    """
+    q = _one_minus_p(log_p)
+    return epsilon * q - log_p, epsilon * q - (1.0 + epsilon)
+
+
 def phi_hard_truncated(log_p: Tensor, margin: float) -> tuple[Tensor, Tensor]:
     """``-log p`` where ``p <= margin``, 0 elsewhere."""
     keep = torch.exp(log_p) <= margin
@@ -112,6 +122,7 @@ FAMILY: dict[str, Phi] = {
     "focal": phi_focal,
     "adaptive_focal": phi_adaptive_focal,
     "hard_truncated": phi_hard_truncated,
+    "poly1": phi_poly1,
 }
 
 
@@ -181,6 +192,22 @@ def check_no_label_smoothing(loss: str, label_smoothing: object) -> None:
 def check_focal(gamma: float) -> None:
     """``gamma`` of focal loss, ``>= 0``."""
     check_range("gamma", gamma, low=0.0)
+
+
+def check_poly1(epsilon: float) -> None:
+    """``epsilon`` of Poly-1, a real number ``>= -1``.
+
+    Below -1 the loss ``-log p + epsilon (1-p)`` is no longer non-negative and the leading
+    coefficient ``1 + epsilon`` of its expansion in ``(1-p)`` turns negative.
+
+    Example:
+        >>> check_poly1(1.0)
+        >>> check_poly1(-2.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: epsilon must lie in [-1, inf); got -2.0
+    """
+    check_range("epsilon", epsilon, low=-1.0)
 
 
 def check_hard_truncated(margin: float) -> None:
@@ -590,4 +617,72 @@ def hard_truncated_loss(
         reduction=reduction,
         validate_args=validate_args,
         margin=float(margin),
+    )
+
+
+def poly1_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float = 1.0,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    validate_args: bool = True,
+) -> Tensor:
+    """Poly-1: cross-entropy plus ``epsilon`` times the first polynomial term, ``1 - p_t``.
+
+    ``loss = -log p_t + epsilon * (1 - p_t)``. Cross-entropy is ``sum_j (1-p_t)^j / j``; Poly-1
+    raises the coefficient of the leading term from 1 to ``1 + epsilon`` and keeps the rest.
+    The gradient is cross-entropy's scaled by ``1 + epsilon p_t``: ``epsilon > 0`` pushes
+    harder on the samples already right, ``epsilon < 0`` less (``epsilon = -1`` leaves
+    ``sum_{j>=2} (1-p_t)^j / j``, a loss that vanishes to second order at ``p_t = 1``).
+    ``epsilon = 0`` is :func:`torch.nn.functional.cross_entropy`. ``1 - p_t`` is computed as
+    ``-expm1(log p_t)`` from the log-softmax. For every ``epsilon >= -1`` the loss is
+    ``>= 0`` (``-log p >= 1 - p``).
+
+    Class weights follow :func:`cross_entropy` (the paper has none): the element's loss is
+    ``w_t * (-log p_t + epsilon (1 - p_t))`` and ``"mean"`` divides by the sum of ``w_t`` over
+    the non-ignored elements, so that ``epsilon = 0`` is ``F.cross_entropy(..., weight=w)``.
+
+    Source: Leng et al., "PolyLoss: A Polynomial Expansion Perspective of Classification Loss
+    Functions" (ICLR 2022), its listing of Poly-1 cross-entropy.
+
+    Args:
+        logits: ``[N, C, *]`` unnormalised scores (class dimension 1).
+        target: ``[N, *]`` class indices in ``[0, C)`` or ``ignore_index``.
+        epsilon: coefficient of ``1 - p_t``, a real number ``>= -1`` (the paper's default 1).
+        weight: optional ``[C]`` class weights, finite and ``>= 0``; ``"mean"`` divides by
+            the sum of the weights of the non-ignored elements (0 if that sum is 0).
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
+        label_smoothing: only 0 is accepted (so that a config may keep the key); other
+            values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
+            cross-entropy.
+        validate_args: check target values, finite logits and weights (device
+            synchronisations).
+
+    Raises:
+        ValueError: ``epsilon`` below -1, NaN or infinite (``TypeError`` if it is not a real
+            number); a bad ``reduction``, ``target`` or ``weight``.
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> poly1_loss(logits, torch.tensor([0, 2]), epsilon=1.0, reduction="none")
+        tensor([0.4526, 1.7653])
+        >>> poly1_loss(logits, torch.tensor([0, 2]), epsilon=0.0, reduction="none")  # CE
+        tensor([0.2395, 1.0986])
+    """
+    check_no_label_smoothing("Poly-1 loss", label_smoothing)
+    check_poly1(epsilon)
+    return target_probability_loss(
+        logits,
+        target,
+        phi_poly1,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        validate_args=validate_args,
+        epsilon=float(epsilon),
     )

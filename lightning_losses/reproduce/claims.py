@@ -448,6 +448,12 @@ CALIBRATION_LOSSES = (
 )
 #: AdaFocal is also compared with the focal losses it extends.
 ADAFOCAL_RIVALS = ("focal_3", "flsd_53")
+#: The train-time calibration losses of the literature, each with its authors' hyper-parameters:
+#: compared with CE, focal and FLSD-53 in their own tables, not in claim 8's verdict (which is
+#: about the losses of the source documents).
+LITERATURE_LOSSES = ("poly1", "mbls", "dual_focal", "mdca", "dca", "mmce")
+#: The focal losses the literature's losses are also compared with.
+FOCAL_RIVALS = ("focal_3", "flsd_53")
 #: The half-width of the 95% interval of the paired ECE differences the experiment is sized for.
 TARGET_BAND = 0.005
 #: The post-hoc methods of claim 8's arms, each fitted on the validation split's logits: the
@@ -616,6 +622,7 @@ def calibration_markdown(table: Table) -> list[str]:
                 margin=ECE_MARGIN,
             )
             lines.append(f"| {rival} | {mark(before)} | {mark(after)} |")
+    lines += literature_markdown(table)
     verdict = "below" if band < TARGET_BAND else "NOT below"
     lines += [
         "",
@@ -623,6 +630,63 @@ def calibration_markdown(table: Table) -> list[str]:
         f"{band:.4f}, {verdict} the {TARGET_BAND} the experiment is sized for.",
     ]
     return lines + posthoc_markdown(table)
+
+
+def literature_markdown(table: Table) -> list[str]:
+    """The literature's losses against CE (verdicts (a)-(d)) and against focal and FLSD-53.
+
+    Nothing when none of them was run.
+    """
+    present = [name for name in LITERATURE_LOSSES if name in table]
+    if not present:
+        return []
+    lines = [
+        "",
+        "The train-time calibration losses of the literature (each with its authors' "
+        "hyper-parameters; not part of the verdict), against CE as above:",
+        "",
+        "| loss | test acc | test ECE | ECE after TS | (a) ECE below CE's | (b) acc not below "
+        "CE's by more than 0.01 | (c) ECE below CE + TS's | (d) TS lowers its ECE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in present:
+        v = loss_verdicts(table, name)
+        numbers = " | ".join(
+            _mean_std(table, name, key) for key in ("rep/test_acc", "rep/test_ece", TS_ECE)
+        )
+        lines.append(f"| {name} | {numbers} | " + " | ".join(mark(v[k]) for k in "abcd") + " |")
+    rivals = [rival for rival in FOCAL_RIVALS if rival in table]
+    if not rivals:
+        return lines
+    lines += [
+        "",
+        f"Against the focal losses, before and after temperature scaling (loss - rival; ECE "
+        f"margin ±{ECE_MARGIN}):",
+        "",
+        "| loss | "
+        + " | ".join(f"ECE below {r}'s | ECE after TS below {r}'s after TS" for r in rivals)
+        + " |",
+        "|---|" + "---|---|" * len(rivals),
+    ]
+    for name in present:
+        cells = []
+        for rival in rivals:
+            for metric, what in (("rep/test_ece", "ECE"), (TS_ECE, "ECE after TS")):
+                cells.append(
+                    mark(
+                        compare(
+                            table,
+                            f"{what}({name}) < {what}({rival})",
+                            name,
+                            "<",
+                            rival,
+                            metric,
+                            margin=ECE_MARGIN,
+                        )
+                    )
+                )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _mean_std(table: Table, variant: str, metric: str) -> str:
@@ -664,7 +728,9 @@ def best_loss(table: Table) -> str | None:
     Chosen on the validation split (the folds the methods were chosen on), not on the test
     split the comparisons are scored on.
     """
-    scored = [n for n in CALIBRATION_LOSSES if stats(table, n, BEST_CV_NLL).n]
+    scored = [
+        n for n in (*CALIBRATION_LOSSES, *LITERATURE_LOSSES) if stats(table, n, BEST_CV_NLL).n
+    ]
     return min(scored, key=lambda n: stats(table, n, BEST_CV_NLL).mean, default=None)
 
 
@@ -729,7 +795,7 @@ def posthoc_markdown(table: Table) -> list[str]:
         "| loss | best method (seeds) | test ECE, loss + best | test ECE below CE + best's |",
         "|---|---|---|---|",
     ]
-    for name in CALIBRATION_LOSSES:
+    for name in (*CALIBRATION_LOSSES, *LITERATURE_LOSSES):
         if not stats(table, name, BEST_ECE).n:
             continue
         lines.append(
@@ -787,7 +853,8 @@ CLAIM_8 = Claim(
     f"accuracy is not below CE's by more than {ACC_TOLERANCE} (b: equivalent within "
     f"±{ACC_TOLERANCE}, or above beyond the noise); not supported if every one of these fails; "
     "mixed if some hold and some fail; else undecided. (c) and (d) are answered in the per-loss "
-    "table, not in the verdict.",
+    "table, not in the verdict; so are the literature's losses (Poly-1, MbLS, dual focal, MDCA, "
+    "DCA, MMCE), against CE, focal and FLSD-53.",
     extra=calibration_markdown,
     extra_metrics=POSTHOC_METRICS,
 )

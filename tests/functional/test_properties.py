@@ -10,13 +10,15 @@ each call either
   its own), or
 - when no argument is bad, returns a finite, non-negative value equal to an independent float64
   reference written plainly below (one per family: cross-entropy, gamma-CE, soft accuracy,
-  focal, adaptive focal, hard and soft truncation, EXACT, the binary losses, multi-label, n-by-m,
-  Feature Incay, the chunked linear head; per-bin ECE loops, Brier, NLL, accuracy, confidence).
+  focal, adaptive focal, hard and soft truncation, Poly-1, EXACT, the binary losses, multi-label,
+  n-by-m, Feature Incay, the chunked linear head, MbLS, dual focal, the batch-level calibration
+  penalties MDCA, DCA and MMCE alone and added to a base loss; per-bin ECE loops, Brier, NLL,
+  accuracy, confidence).
 
 So no NaN comes out of finite inputs, no loss is negative, and a bad argument is never accepted.
 References are compared at the precision of the computation (float64 inputs: float64;
 float32 and half inputs: float32). Decisions that flip on rounding (a probability on a
-truncation margin, a confidence on a bin edge) are filtered out with ``assume``.
+truncation margin, a confidence on a bin edge, an arg-max tie) are filtered out with ``assume``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import inspect
 import itertools
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import assume, event, given, settings
@@ -181,6 +184,8 @@ def family_values(name, x, t, hyper):
         return -log_p
     if name == "soft_accuracy_loss":
         return 1 - p
+    if name == "poly1_loss":
+        return -log_p + hyper["epsilon"] * -torch.expm1(log_p)  # 1 - p, exact near p = 1
     if name == "gamma_cross_entropy":
         g, b = hyper["gamma"], hyper["threshold"]
         if b > 0:
@@ -235,6 +240,7 @@ INDEX_LOSSES = {
         "threshold": (st.sampled_from([0.0, 0.0, 0.2, 0.9]), [-0.1, 2.0]),
     },
     "soft_accuracy_loss": {},
+    "poly1_loss": {"epsilon": (st.floats(-1, 5), [-1.5, math.nan, math.inf])},
     "focal_loss": {"gamma": (st.floats(0, 4), [-1.0, math.inf])},
     "adaptive_focal_loss": {
         "thresholds": (st.sampled_from([(), (0.2,), (0.3, 0.6)]), [(0.6, 0.3), (1.5,)]),
@@ -244,8 +250,16 @@ INDEX_LOSSES = {
     "soft_truncated_loss": {"k": (st.floats(0, 5), [-1.0, math.inf])},
 }
 ALPHA_LOSSES = ("focal_loss", "adaptive_focal_loss")
-#: the largest good value of each hyper-parameter (the smallest is 0)
-HIGH = {"gamma": 1.0, "threshold": 1.0, "margin": 1.0, "thresholds": 1.0}
+#: (loss, hyper-parameter) -> (smallest, largest) good value, where it is not [0, inf)
+BOUNDS = {
+    ("gamma_cross_entropy", "gamma"): (0.0, 1.0),
+    ("gamma_cross_entropy", "threshold"): (0.0, 1.0),
+    ("adaptive_focal_loss", "thresholds"): (0.0, 1.0),
+    ("hard_truncated_loss", "margin"): (0.0, 1.0),
+    ("binary_hard_truncated_loss", "margin"): (0.0, 1.0),
+    ("binary_focal_loss", "alpha"): (0.0, 1.0),
+    ("poly1_loss", "epsilon"): (-1.0, math.inf),  # -log p >= 1 - p keeps it non-negative
+}
 
 
 def draw_hyperparameters(data, table, spoiled):
@@ -268,15 +282,15 @@ def bad_hyperparameters(name, hyper):
         if value is None:  # binary focal's alpha: weigh both terms by 1
             continue
         values = value if isinstance(value, tuple) else (value,)
-        high = math.inf if name in ("focal_loss", "binary_focal_loss") else HIGH.get(key, math.inf)
-        if any(not (0 <= v <= high) or math.isinf(v) for v in values):
+        low, high = BOUNDS.get((name, key), (0.0, math.inf))
+        if any(not (low <= v <= high) or math.isinf(v) for v in values):
             bad.add(key)
         if key == "thresholds" and list(values) != sorted(set(values)):
             bad.add(key)  # not strictly increasing
     return bad
 
 
-@settings(max_examples=150)
+@settings(max_examples=170)
 @given(data=st.data(), name=st.sampled_from(sorted(INDEX_LOSSES)))
 def test_index_target_losses(data, name):
     vector_name = "alpha" if name in ALPHA_LOSSES else "weight"
@@ -594,6 +608,7 @@ LINEAR_HYPERPARAMETERS = {
         "threshold": (st.sampled_from([0.0, 0.3]), [2.0]),
     },
     "focal": {"gamma": (st.floats(0, 3), [-1.0, math.inf])},
+    "poly1": {"epsilon": (st.floats(-1, 3), [-2.0, math.nan])},
     "hard_truncated": {"margin": (st.floats(0, 1), [math.nan, 1.5])},
     "adaptive_focal": {
         "thresholds": (st.sampled_from([(0.4,), (0.2, 0.7)]), [(0.7, 0.2)]),
@@ -605,6 +620,7 @@ LINEAR_NAMES = {
     "soft_accuracy": "soft_accuracy_loss",
     "gamma_ce": "gamma_cross_entropy",
     "focal": "focal_loss",
+    "poly1": "poly1_loss",
     "hard_truncated": "hard_truncated_loss",
     "adaptive_focal": "adaptive_focal_loss",
 }
@@ -744,6 +760,188 @@ def test_adafocal_loss(data):
     )
 
 
+# --- MbLS, dual focal and the batch-level calibration penalties ---------------------------------
+# Their own tests transcribe the authors' released code at rtol 1e-10; the references here are
+# the papers' formulas written again, plainly, per row of the flattened [M, C] logits.
+
+
+def flat_rows(x, t):
+    """``[N, C, *]`` logits and ``[N, *]`` targets as float64 ``[M, C]`` rows and ``[M]``."""
+    return x.double().movedim(1, -1).reshape(-1, x.shape[1]), t.reshape(-1).long()
+
+
+def mbls_values(x, t, margin, alpha):
+    """MbLS per row: ``-log p_t + alpha / C * sum_k max(0, max_j x_j - x_k - margin)``.
+
+    The hinge is continuous at its margin, so its value needs no filter (only its gradient
+    flips there, which is not this file's concern).
+    """
+    log_p_t = x.gather(1, t[:, None])[:, 0] - torch.logsumexp(x, dim=1)
+    hinge = torch.relu(x.max(dim=1, keepdim=True).values - x - margin)
+    return -log_p_t + alpha * hinge.sum(dim=1) / x.shape[1]
+
+
+def dual_focal_values(x, t, gamma):
+    """Dual focal per row: ``-(1 - p_t + p_j)^gamma log p_t``, ``p_j = max {p_k : p_k < p_t}``.
+
+    ``p_j`` is 0 where no class lies strictly below ``p_t``. The strict ``<`` decides on the
+    compute dtype's rounding where ``x_k`` and ``x_t`` are distinct but close: such rows are
+    filtered out, unless ``p_t < e^-40`` (then ``p_j < p_t`` moves the value by nothing).
+    """
+    log_p = x - torch.logsumexp(x, dim=1, keepdim=True)
+    p = torch.exp(log_p)
+    log_p_t = log_p.gather(1, t[:, None])[:, 0]
+    p_t = torch.exp(log_p_t)
+    for row, target, lpt in zip(x.tolist(), t.tolist(), log_p_t.tolist(), strict=True):
+        gaps = [abs(v - row[target]) for v in row]
+        assume(lpt < -40 or all(g == 0 or g > 1e-3 for g in gaps))
+    p_j = torch.where(p < p_t[:, None], p, 0.0).max(dim=1).values
+    return -((1 - p_t + p_j) ** gamma) * log_p_t
+
+
+def first_argmax(x):
+    """The first maximal class of each row (``[n, C]`` logits), off near-ties.
+
+    Distinct logits closer than 1e-6 may round to one log-probability in float32, which would
+    move the prediction: such rows are filtered out.
+    """
+    predicted = []
+    for row in x.tolist():
+        top = max(row)
+        assume(all(v == top or top - v > 1e-6 for v in row))
+        predicted.append(row.index(top))
+    return torch.tensor(predicted, dtype=torch.long)
+
+
+def calibration_penalty(kind, x, t):
+    """MDCA, DCA or MMCE (unweighted, squared) of ``[n, C]`` float64 logits; 0 when n = 0.
+
+    With ``p = softmax(x)``, ``r_i = max_c p_ic``, ``c_i = [argmax_c p_ic = t_i]``:
+    MDCA ``(1/C) sum_c |mean_i p_ic - mean_i [t_i = c]|`` (Hebbalaguppe et al. 2022),
+    DCA ``|mean_i r_i - mean_i c_i|`` (Liang et al. 2020),
+    MMCE ``(1/n^2) sum_ij (c_i - r_i)(c_j - r_j) exp(-|r_i - r_j| / 0.4)`` (Kumar et al. 2018),
+    the full ``n x n`` matrix.
+    """
+    n, classes = x.shape
+    if n == 0:
+        return torch.zeros((), dtype=torch.float64)
+    p = torch.softmax(x, dim=1)
+    if kind == "mdca":
+        return (p.mean(dim=0) - F.one_hot(t, classes).double().mean(dim=0)).abs().mean()
+    r = p.max(dim=1).values
+    c = (first_argmax(x) == t).double()
+    if kind == "dca":
+        return (r.mean() - c.mean()).abs()
+    e = c - r
+    kernel = torch.exp(-(r[:, None] - r[None, :]).abs() / 0.4)
+    return (e[:, None] * e[None, :] * kernel).sum() / n**2
+
+
+#: loss -> {hyper-parameter: (good values, bad values)}; the bare penalties take none
+ROW_AND_BATCH_LOSSES = {
+    "mbls_loss": {
+        "margin": (st.floats(0, 20), [-1.0, math.nan, math.inf]),
+        "alpha": (st.floats(0, 2), [-0.1, math.inf]),
+    },
+    "dual_focal_loss": {"gamma": (st.floats(0, 5), [-1.0, math.nan, math.inf])},
+    "mdca_loss": {
+        "beta": (st.floats(0, 10), [-1.0, math.nan]),
+        "gamma": (st.floats(0, 4), [-0.5, math.inf]),
+    },
+    "dca_loss": {"beta": (st.floats(0, 20), [-1.0, math.inf])},
+    "mmce_loss": {"lambda_": (st.floats(0, 10), [-0.5, math.nan, math.inf])},
+    "mdca_penalty": {},
+    "dca_penalty": {},
+    "mmce_penalty": {},
+}
+ROW_LOSSES = ("mbls_loss", "dual_focal_loss")
+#: the weight of each batch-level penalty in its loss
+PENALTY_WEIGHT = {"mdca_loss": "beta", "dca_loss": "beta", "mmce_loss": "lambda_"}
+
+
+def row_and_batch_reference(name, x, t, hyper, reduction):
+    """The value of ``name`` on ``[N, C, *]`` logits (positions are elements; ``IGNORE`` ignored).
+
+    The batch-level losses are ``base_i + weight * penalty`` per non-ignored element (0 where
+    ignored) with ``base`` cross-entropy, or focal loss for MDCA's ``gamma > 0``; so "mean" is
+    the mean base loss plus the weighted penalty and "sum" ``n`` times it.
+    """
+    rows, target = flat_rows(x, t)
+    valid = target != IGNORE
+    safe = torch.where(valid, target, 0)
+    if name == "mbls_loss":
+        values = mbls_values(rows, safe, hyper["margin"], hyper["alpha"])
+    elif name == "dual_focal_loss":
+        values = dual_focal_values(rows[valid], target[valid], hyper["gamma"])
+        values = torch.zeros(len(target), dtype=torch.float64).index_put((valid,), values)
+    else:
+        penalty = calibration_penalty(name.split("_")[0], rows[valid], target[valid])
+        if name.endswith("_penalty"):
+            return penalty
+        base = family_values("focal_loss", rows, safe, {"gamma": hyper.get("gamma", 0.0)})
+        values = base + hyper[PENALTY_WEIGHT[name]] * penalty
+    values = torch.where(valid, values, 0.0)
+    return reduce(values.reshape(t.shape), reduction, valid.sum())
+
+
+def spoilable(name):
+    """The arguments of ``name`` that an example may spoil."""
+    options = [] if name.endswith("_penalty") else ["reduction"]
+    if name not in ROW_LOSSES:
+        options.append("global_batch")
+    return ["logits", "target", *ROW_AND_BATCH_LOSSES[name], *options]
+
+
+# One run per loss and spoiled argument (None: every argument good): Hypothesis' derandomized
+# draws cluster, and a single drawn ``spoiled`` left some hyper-parameters never spoiled.
+@pytest.mark.parametrize(
+    ("name", "spoiled"),
+    [
+        (name, spoiled)
+        for name in sorted(ROW_AND_BATCH_LOSSES)
+        for spoiled in [None, *spoilable(name)]
+    ],
+)
+@settings(max_examples=25)
+@given(data=st.data())
+def test_margin_dual_focal_and_batch_penalties(data, name, spoiled):
+    arguments = spoilable(name)
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    n, classes = data.draw(st.integers(1, 4)), data.draw(st.integers(2, 5))
+    extra = data.draw(st.sampled_from([(), (), (3,)]), label="extra dims")
+    scale = data.draw(st.sampled_from([1.0, 10.0, 1e3]))
+    x = draw_tensor(
+        data, (n, classes, *extra), -3 * scale, 3 * scale, dtype, spoiled=spoiled == "logits"
+    )
+    t = draw_targets(data, (n, *extra), classes, spoiled=spoiled == "target")
+    t = t.to(data.draw(st.sampled_from([torch.int64, torch.int32])))
+    hyper = draw_hyperparameters(data, ROW_AND_BATCH_LOSSES[name], spoiled)
+    kwargs = dict(hyper)
+    bad = bad_hyperparameters(name, hyper)
+    reduction = "none"  # the bare penalties: one number
+    if "reduction" in arguments:
+        reduction = kwargs["reduction"] = draw_reduction(data, spoiled)
+        if reduction not in REDUCTIONS[:3]:
+            bad.add("reduction")
+    if "global_batch" in arguments:  # no process group: the batch's own penalty either way
+        flag = draw_scalar(data, "global_batch", st.booleans(), ["yes", 1], spoiled)
+        kwargs["global_batch"] = flag
+        if not isinstance(flag, bool):
+            bad.add("global_batch")
+    if non_finite(x):
+        bad.add("logits")
+    if bool(((t != IGNORE) & ((t < 0) | (t >= classes))).any()):
+        bad.add("target")
+    fn = getattr(LF, name)
+    outcome(
+        lambda: fn(x, t, **kwargs),
+        bad,
+        lambda: row_and_batch_reference(name, x, t, hyper, reduction),
+        dtype,
+        spoiled=spoiled,
+    )
+
+
 NOT_LOSSES = {"exact_log_probability", "normface_min_scale", "adafocal_update"}  # helpers
 
 
@@ -751,6 +949,7 @@ def test_every_public_loss_has_a_property():
     covered = {*INDEX_LOSSES, *BINARY_LOSSES, "exact_loss", "feature_incay", "linear_target_loss"}
     covered.add("adafocal_loss")
     covered |= {"multilabel_categorical_crossentropy", "nm_categorical_crossentropy"}
+    covered |= set(ROW_AND_BATCH_LOSSES)
     assert covered == set(LF.__all__) - NOT_LOSSES
 
 

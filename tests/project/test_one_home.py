@@ -118,6 +118,7 @@ ALLOWED: dict[str, set[str]] = {
         "check_gamma_ce",
         "check_hard_truncated",
         "check_no_label_smoothing",
+        "check_poly1",
     },
     "lightning_losses/functional/truncation.py": {"check_soft_truncated"},
     # MNIST-1D's relations between its arguments: counts mnist1d can split per class, one seed

@@ -25,6 +25,7 @@ from lightning_losses.reproduce.claims import (
     CLAIM_7,
     CLAIM_8,
     ECE_MARGIN,
+    LITERATURE_LOSSES,
     NEAR_ZERO_NLL,
     POSTHOC_METHODS,
     PUBLISHED_ACCURACY,
@@ -225,6 +226,44 @@ def test_adafocal_is_compared_with_focal_and_flsd_before_and_after_scaling():
         assert expected in section
 
 
+def test_literature_losses_are_compared_with_ce_focal_and_flsd_outside_the_verdict():
+    rows = calibration_rows(
+        ce_ece=[0.060, 0.062, 0.058, 0.061, 0.059],
+        loss_ece=[0.020, 0.021, 0.019, 0.022, 0.020],
+        loss_ts_ece=[0.015, 0.016, 0.014, 0.015, 0.016],
+        ce_ts_ece=[0.010, 0.011, 0.012, 0.010, 0.011],
+        loss_acc=[0.90, 0.915, 0.91, 0.905, 0.915],
+    )
+    table = table_of(rows)
+    before_verdict = [c.outcome for c in CLAIM_8.conditions(table)]
+    mdca = {
+        "rep/test_ece": [0.080, 0.081, 0.079, 0.082, 0.080],  # above CE's: (a) fails
+        "rep/ts_test_ece": [0.015, 0.017, 0.014, 0.016, 0.015],
+        "rep/test_acc": [0.91, 0.92, 0.915, 0.91, 0.92],  # CE's exactly
+    }
+    table = table_of({**rows, "mdca": mdca})
+    # Not part of the verdict: the conditions are those without the literature's arm.
+    assert [c.outcome for c in CLAIM_8.conditions(table)] == before_verdict
+    text = "\n".join(calibration_markdown(table))
+    section = text[text.index("The train-time calibration losses of the literature") :]
+    a = np.subtract(mdca["rep/test_ece"], rows["ce"]["rep/test_ece"])
+    assert t_ci(a)[0] > 0
+    numbers = " | ".join(
+        f"{np.mean(mdca[k]):.4f} ± {np.std(mdca[k], ddof=1):.4f}"
+        for k in ("rep/test_acc", "rep/test_ece", "rep/ts_test_ece")
+    )
+    assert f"| mdca | {numbers} | {cell('no', a)} | " in section
+    for rival in ("focal_3", "flsd_53"):
+        before = np.subtract(mdca["rep/test_ece"], rows[rival]["rep/test_ece"])
+        after = np.subtract(mdca["rep/ts_test_ece"], rows[rival]["rep/ts_test_ece"])
+        assert t_ci(before)[0] > 0
+        assert tost(after, ECE_MARGIN)
+        expected = f"{cell('no', before)} | {cell(f'no, equivalent within ±{ECE_MARGIN}', after)}"
+        assert expected in section
+    # Arms not run leave no rows.
+    assert "| poly1 |" not in section
+
+
 # --- the protocol ------------------------------------------------------------------------------
 
 
@@ -315,7 +354,11 @@ def test_claim8_shares_its_cross_entropy_arm_with_claim7():
     assert cnn.fingerprint() == ce.fingerprint()
     assert benchmark.min_seeds >= 10
     assert calibration.min_seeds >= 10
-    assert {v.name for v in calibration.variants} == {"ce", *CALIBRATION_LOSSES}
+    assert {v.name for v in calibration.variants} == {
+        "ce",
+        *CALIBRATION_LOSSES,
+        *LITERATURE_LOSSES,
+    }
 
 
 def test_display_uri_is_relative_to_the_working_directory(tmp_path, monkeypatch):
