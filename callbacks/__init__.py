@@ -7,7 +7,7 @@ from lightning_losses.callbacks.curves import SplitCurves
 from lightning_losses.callbacks.loss_scheduler import GammaAnnealing, LossScheduler
 from lightning_losses.callbacks.loss_switch import LossSwitch
 from lightning_losses.callbacks.outputs import OutputAdapter
-from lightning_losses.callbacks.posthoc import PostHocCalibration, TemperatureScalingCallback
+from lightning_losses.callbacks.posthoc import PostHocCalibration
 from lightning_losses.callbacks.schedules import (
     ConstantSchedule,
     CosineSchedule,
@@ -17,6 +17,7 @@ from lightning_losses.callbacks.schedules import (
     Schedule,
     StepSchedule,
 )
+from lightning_losses.callbacks.temperature_scaling import TemperatureScalingCallback
 
 __all__ = [
     "AdaFocalUpdate",
