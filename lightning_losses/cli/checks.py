@@ -111,8 +111,8 @@ def check_command_line(args: Sequence[str]) -> list[str]:
         ...
         lightning_losses.cli.checks.UsageError: --model.criterion=focall: unknown loss name \
 'focall'; did you mean 'focal'? (available: adafocal, adaptive_focal, binary_focal, \
-binary_hard_truncated, binary_soft_truncated, ce, exact, focal, gamma_ce, hard_truncated, \
-multilabel_ce, nm_ce, soft_accuracy, soft_truncated)
+binary_hard_truncated, binary_soft_truncated, ce, dca, dual_focal, exact, focal, gamma_ce, \
+hard_truncated, mbls, mdca, mmce, multilabel_ce, nm_ce, poly1, soft_accuracy, soft_truncated)
         >>> check_command_line(["fit", "--traner.max_epochs=2"])
         Traceback (most recent call last):
         ...
