@@ -17,7 +17,10 @@ vocabulary of thousands of words. This module is the smallest complete example o
   ``criterion.gamma`` can be annealed by :class:`~lightning_losses.callbacks.GammaAnnealing`;
 - :class:`TokenCalibration`: validation perplexity (``exp`` of the mean token NLL, plain
   cross-entropy whatever the training loss) and the top-label ECE of the tokens, from per-bin
-  float64 sums;
+  float64 sums, with its debiased value and bootstrap interval;
+- :mod:`~lightning_losses.lm.evaluation`: held-out token metrics of a trained model, greedy and
+  sampled continuations of held-out prompts, their repetition rate and the share of tokens a
+  reference model finds improbable;
 - :func:`main`: ``python -m lightning_losses.lm fit --config configs/lm/lm_ce.yaml``.
 """
 
@@ -31,6 +34,15 @@ from lightning_losses.lm.data import (
     load_topics,
     split_topics,
 )
+from lightning_losses.lm.evaluation import (
+    continuation_probabilities,
+    evaluation_prompts,
+    generate,
+    held_out_logits,
+    low_probability_share,
+    repetition_rate,
+    token_metrics,
+)
 from lightning_losses.lm.model import TinyLanguageModel, TokenCalibration
 
 __all__ = [
@@ -41,7 +53,14 @@ __all__ = [
     "TokenWindows",
     "WordTokenizer",
     "console_main",
+    "continuation_probabilities",
+    "evaluation_prompts",
+    "generate",
+    "held_out_logits",
     "load_topics",
+    "low_probability_share",
     "main",
+    "repetition_rate",
     "split_topics",
+    "token_metrics",
 ]

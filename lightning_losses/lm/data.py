@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import re
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import lightning as L
 import numpy as np
@@ -113,24 +114,46 @@ def load_topics() -> dict[str, str]:
     return dict(topics)
 
 
+class TopicSplit(NamedTuple):
+    """Sorted topic names of the training, validation and test splits."""
+
+    train: list[str]
+    val: list[str]
+    test: list[str]
+
+
 def split_topics(
-    names: Iterable[str], val_fraction: float, seed: int
-) -> tuple[list[str], list[str]]:
-    """Sorted train and validation topic names: a seeded permutation of the sorted names.
+    names: Iterable[str], val_fraction: float, seed: int, *, test_fraction: float = 0.0
+) -> TopicSplit:
+    """Sorted train, validation and test topic names: a seeded permutation of the sorted names.
+
+    The first ``round(val_fraction * n)`` names of the permutation (at least one) are the
+    validation split, the next ``round(test_fraction * n)`` the test split (none when
+    ``test_fraction`` is 0), the rest the training split; so a test split leaves the validation
+    split of the same seed as it was and takes its topics from the training split.
 
     Example:
         >>> split_topics(["d", "a", "c", "b"], 0.25, seed=0)
-        (['a', 'b', 'd'], ['c'])
+        TopicSplit(train=['a', 'b', 'd'], val=['c'], test=[])
+        >>> split_topics(["d", "a", "c", "b"], 0.25, seed=0, test_fraction=0.25)
+        TopicSplit(train=['b', 'd'], val=['c'], test=['a'])
     """
     check_fraction("val_fraction", val_fraction)
+    if test_fraction != 0:
+        check_fraction("test_fraction", test_fraction)
     ordered = sorted(names)
     n_val = max(1, round(val_fraction * len(ordered)))
-    if n_val >= len(ordered):
-        raise ValueError(f"cannot split {len(ordered)} topics with val_fraction={val_fraction}")
+    n_test = max(1, round(test_fraction * len(ordered))) if test_fraction else 0
+    if n_val + n_test >= len(ordered):
+        raise ValueError(
+            f"cannot split {len(ordered)} topics with val_fraction={val_fraction} and "
+            f"test_fraction={test_fraction}: no training topic would be left"
+        )
     order = np.random.default_rng(seed).permutation(len(ordered))
     val = sorted(ordered[i] for i in order[:n_val])
-    train = sorted(ordered[i] for i in order[n_val:])
-    return train, val
+    test = sorted(ordered[i] for i in order[n_val : n_val + n_test])
+    train = sorted(ordered[i] for i in order[n_val + n_test :])
+    return TopicSplit(train, val, test)
 
 
 class TokenWindows(Dataset):
@@ -165,7 +188,8 @@ class PydocTopicsDataModule(L.LightningDataModule):
     """Next-token prediction on ``pydoc_data.topics``, split by topic.
 
     The topic names are sorted and permuted with ``seed``; ``val_fraction`` of them are the
-    validation split (fixed for a seed). The tokenizer is fitted on the training topics only;
+    validation split (fixed for a seed) and ``test_fraction`` of them a held-out test split
+    (none by default; :func:`split_topics`). The tokenizer is fitted on the training topics only;
     each topic is encoded with a final ``<eos>`` and the topics of a split are concatenated in
     name order, then cut into :class:`TokenWindows`. Everything is built in ``__init__`` so that
     a CLI can link :attr:`vocab_size` and :attr:`context_length` into the model.
@@ -176,6 +200,7 @@ class PydocTopicsDataModule(L.LightningDataModule):
         max_vocab_size: at most this many tokens, ``<unk>`` and ``<eos>`` included.
         min_count: a token enters the vocabulary if seen this often in training.
         val_fraction: fraction of the topics held out for validation.
+        test_fraction: fraction of the topics held out for testing (0: no test split).
         seed: chooses the split and the training order.
         num_workers: DataLoader worker processes.
 
@@ -197,6 +222,7 @@ class PydocTopicsDataModule(L.LightningDataModule):
         val_fraction: float = 0.1,
         seed: int = 0,
         num_workers: int = 0,
+        test_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         self.context_length = context_length
@@ -204,7 +230,8 @@ class PydocTopicsDataModule(L.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
         topics = load_topics()
-        self.train_topics, self.val_topics = split_topics(topics, val_fraction, seed)
+        split = split_topics(topics, val_fraction, seed, test_fraction=test_fraction)
+        self.train_topics, self.val_topics, self.test_topics = split
         self.tokenizer = WordTokenizer.fit(
             (topics[name] for name in self.train_topics), max_vocab_size, min_count
         )
@@ -212,7 +239,12 @@ class PydocTopicsDataModule(L.LightningDataModule):
             split: torch.tensor(
                 [i for name in names for i in self.tokenizer.encode(topics[name], eos=True)]
             )
-            for split, names in (("train", self.train_topics), ("val", self.val_topics))
+            for split, names in (
+                ("train", self.train_topics),
+                ("val", self.val_topics),
+                ("test", self.test_topics),
+            )
+            if names
         }
 
     @property
@@ -221,9 +253,10 @@ class PydocTopicsDataModule(L.LightningDataModule):
         return len(self.tokenizer)
 
     def dataset(self, split: str) -> TokenWindows:
-        """The windows of ``"train"`` or ``"val"``."""
+        """The windows of ``"train"``, ``"val"`` or ``"test"`` (with a ``test_fraction``)."""
         if split not in self._ids:
-            raise ValueError(f"split must be 'train' or 'val'; got {split!r}")
+            hint = " (the test split needs test_fraction > 0)" if split == "test" else ""
+            raise ValueError(f"split must be one of {', '.join(self._ids)}; got {split!r}{hint}")
         return TokenWindows(self._ids[split], self.context_length)
 
     def train_dataloader(self) -> ResumableDataLoader:
@@ -237,7 +270,14 @@ class PydocTopicsDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         """In order; under DDP each window is validated by exactly one process (no padding)."""
-        dataset = self.dataset("val")
+        return self._ordered_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        """The test split's windows, as :meth:`val_dataloader` (needs ``test_fraction > 0``)."""
+        return self._ordered_loader("test")
+
+    def _ordered_loader(self, split: str) -> DataLoader:
+        dataset = self.dataset(split)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

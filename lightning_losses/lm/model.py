@@ -10,6 +10,9 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lightning_losses.calibration import bootstrap as BS
+from lightning_losses.calibration import functional as CF
+from lightning_losses.calibration.debiased import debiased_calibration_error_from_bins
 from lightning_losses.functional.linear import linear_prediction_statistics
 from lightning_losses.lightning.backbone_spec import is_plain
 from lightning_losses.lightning.class_path import instantiate
@@ -24,49 +27,142 @@ from lightning_losses.losses import LinearTargetLoss
 
 
 class TokenCalibration(Metric):
-    """Token NLL, accuracy and top-label ECE from per-token statistics, as float64 sums.
+    """Token NLL, accuracy and top-label ECE (plain, debiased, 95% interval) from float64 sums.
 
-    ``update(log_p, confidence, correct)`` takes what
+    ``update(log_p, confidence, correct, index)`` takes what
     :func:`~lightning_losses.functional.linear.linear_prediction_statistics` returns: chunk by
     chunk, without the ``[N, V]`` logits, the terms that
     :func:`~lightning_losses.functional.evaluation.nll_terms` (``-log_p``) and
     :func:`~lightning_losses.functional.evaluation.correct_terms` (``correct``) give on the full
     logits, so ``nll`` and ``acc`` are those of the one home of the formulas. State:
     the token count, the sum of ``-log p_t``, and per equal-width bin ``(k/B, (k+1)/B]`` the
-    count, confidence sum and correct sum (:func:`lightning_losses.calibration.functional.binned_statistics`);
-    DDP sums them. ``compute()`` gives ``{"nll", "ppl", "acc", "ece"}`` with ``ppl = exp(nll)``
-    and ``ece = sum_b |conf_sum_b - correct_sum_b| / count``.
+    count, confidence sum and correct sum (:func:`lightning_losses.calibration.functional.binned_statistics`),
+    plus the per-group bin sums of :mod:`lightning_losses.calibration.bootstrap`
+    (``[n_groups, n_bins, 3]``, each token hashed into a group from its position ``index``);
+    DDP sums them all.
+
+    ``compute()`` gives ``nll``, ``ppl = exp(nll)``, ``acc``, ``ece = sum_b |conf_sum_b -
+    correct_sum_b| / count``, ``ece_debiased`` (the l1 debiased ECE of Kumar, Liang and Ma,
+    "Verified Uncertainty Calibration", from the same bins: what
+    :class:`~lightning_losses.calibration.CalibrationSummary` calls ``ece_debiased``) and
+    ``ece_low``, ``ece_high``: the interval at ``level`` that
+    :func:`~lightning_losses.calibration.calibration_error_interval` gives for the same tokens
+    at the same positions, e.g. the token logits of the windows concatenated in order with
+    the default positions ``0 .. N-1``. The interval is the same over any batching and any
+    number of processes as long as every token keeps its position: see
+    :meth:`window_positions`, which :class:`TinyLanguageModel` uses.
+
+    Args:
+        n_bins: equal-width bins of the ECE.
+        level: confidence level of the interval, in (0, 1).
+        n_bootstrap: bootstrap replicates (at least 2).
+        seed: the replicates' seed.
+        n_groups: groups the tokens are hashed into (the bootstrap's units).
+        kwargs: passed to ``torchmetrics.Metric``.
 
     Example:
         >>> metric = TokenCalibration(n_bins=2)
         >>> metric.update(torch.log(torch.tensor([0.5, 0.25])), torch.tensor([0.9, 0.3]),
         ...               torch.tensor([True, False]))
-        >>> {k: round(v.item(), 4) for k, v in metric.compute().items()}
+        >>> values = metric.compute()
+        >>> {k: round(values[k].item(), 4) for k in ("nll", "ppl", "acc", "ece")}
         {'nll': 1.0397, 'ppl': 2.8284, 'acc': 0.5, 'ece': 0.2}
+        >>> sorted(values)
+        ['acc', 'ece', 'ece_debiased', 'ece_high', 'ece_low', 'nll', 'ppl']
     """  # noqa: E501
 
-    full_state_update = False
+    # ``forward`` must not restart the default token positions: it updates the full state first.
+    full_state_update = True
     bin_count: Tensor  # states, added by the constructor
     bin_confidence: Tensor
     bin_correct: Tensor
     nll_sum: Tensor
     tokens: Tensor
+    windows_seen: Tensor
+    boot_bins: Tensor
+    boot_seen: Tensor
 
-    def __init__(self, n_bins: int = 15, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        level: float = 0.95,
+        n_bootstrap: int = BS.DEFAULT_N_BOOTSTRAP,
+        seed: int = 0,
+        n_groups: int = BS.DEFAULT_N_GROUPS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.n_bins = n_bins
+        self.n_bins = CF.check_n_bins(n_bins)
+        self.level = BS.check_level(level)
+        self.n_bootstrap = BS.check_n_bootstrap(n_bootstrap)
+        self.seed = BS.check_seed(seed)
+        self.n_groups = BS.check_n_groups(n_groups)
         zeros = torch.zeros(n_bins, dtype=torch.float64)
         for name in ("bin_count", "bin_confidence", "bin_correct"):
             self.add_state(name, default=zeros.clone(), dist_reduce_fx="sum")
         scalar = torch.zeros((), dtype=torch.float64)
         self.add_state("nll_sum", default=scalar.clone(), dist_reduce_fx="sum")
         self.add_state("tokens", default=scalar.clone(), dist_reduce_fx="sum")
+        counter = torch.zeros((), dtype=torch.int64)
+        self.add_state("windows_seen", default=counter, dist_reduce_fx="sum")
+        BS.add_states(self, n_bins=self.n_bins, n_groups=self.n_groups)
 
-    def update(self, log_p: Tensor, confidence: Tensor, correct: Tensor) -> None:
-        """Add a batch's tokens: ``-log_p`` to the NLL sum, each pair to its bin."""
-        from lightning_losses.calibration.functional import binned_statistics
+    def window_positions(self, target: Tensor, ignore_index: int = -100) -> Tensor:
+        """Stream positions of the kept tokens of the next batch of windows ``[B, L]``.
 
-        count, confidence_sum, correct_sum = binned_statistics(
+        Windows are counted per process in loader order since the last ``reset``: this
+        process's ``k``-th window is window ``w = rank + world_size * k`` of the data set, the
+        order in which :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler`
+        deals an unshuffled data set to the processes (one process: ``w = k``). Token ``o`` of
+        window ``w`` is at ``w * L + o``: its row among the token logits of all windows
+        concatenated in order (:func:`~lightning_losses.lm.evaluation.held_out_logits`), and,
+        for :class:`~lightning_losses.lm.data.TokenWindows`, its input's index in the id stream.
+        So the positions depend neither on the batch size nor on the number of processes.
+
+        Args:
+            target: ``[B, L]`` next-token targets of the batch's windows.
+            ignore_index: target value of tokens left out (their positions are dropped).
+
+        Returns:
+            int64 ``[kept]`` positions, in the row-major order of ``target`` without the ignored
+            tokens: the order of :func:`~lightning_losses.functional.linear.linear_prediction_statistics`.
+
+        Example:
+            >>> metric = TokenCalibration()
+            >>> metric.window_positions(torch.tensor([[5, 6, 7], [8, -100, 9]]))
+            tensor([0, 1, 2, 3, 5])
+            >>> metric.window_positions(torch.tensor([[1, 2, 3]]))  # the third window
+            tensor([6, 7, 8])
+        """  # noqa: E501
+        if not isinstance(target, Tensor) or target.dim() != 2:
+            shape = list(target.shape) if isinstance(target, Tensor) else type(target).__name__
+            raise ValueError(f"target must be a [B, L] tensor of windows' targets; got {shape}")
+        rows, length = target.shape
+        rank, world = BS._process_rank(self)
+        device = target.device
+        local = torch.arange(rows, dtype=torch.int64, device=device) + self.windows_seen
+        window = local * world + rank
+        offsets = torch.arange(length, dtype=torch.int64, device=device)
+        positions = window[:, None] * length + offsets[None, :]
+        self.windows_seen += rows
+        return positions[target != ignore_index]
+
+    def update(
+        self, log_p: Tensor, confidence: Tensor, correct: Tensor, index: Tensor | None = None
+    ) -> None:
+        """Add a batch's tokens: ``-log_p`` to the NLL sum, each pair to its bin and group.
+
+        Args:
+            log_p: ``[n]`` log-probabilities of the target tokens.
+            confidence: ``[n]`` top-label confidences.
+            correct: ``[n]`` whether the top label is the target.
+            index: int ``[n]``, the tokens' positions (see :meth:`window_positions`); ``None``:
+                token ``i`` of this call is at ``rank + world_size * (tokens seen before +
+                i)``, right for one process reading every token in order, not for windows
+                split between processes.
+        """
+        count, confidence_sum, correct_sum = CF.binned_statistics(
             confidence, correct.to(confidence.dtype), self.n_bins
         )
         self.bin_count += count
@@ -74,20 +170,30 @@ class TokenCalibration(Metric):
         self.bin_correct += correct_sum
         self.nll_sum -= log_p.to(torch.float64).sum()
         self.tokens += log_p.numel()
+        groups = BS.decision_groups(
+            self, log_p.reshape(-1), index, None, seed=self.seed, n_groups=self.n_groups
+        )
+        BS.add_batch(self, groups, confidence, correct, n_bins=self.n_bins)
 
     def compute(self) -> dict[str, Tensor]:
-        """``{"nll", "ppl", "acc", "ece"}`` over every token seen (synced across processes)."""
-        from lightning_losses.calibration.functional import calibration_error_from_bins
+        """``nll``, ``ppl``, ``acc``, ``ece``, ``ece_debiased``, ``ece_low``, ``ece_high``.
 
+        Over every token seen (synced across processes); float64 scalars.
+        """
         tokens = self.tokens.clamp_min(1.0)
         nll = self.nll_sum / tokens
+        bins = (self.bin_count, self.bin_confidence, self.bin_correct)
+        interval = BS.interval_values(
+            self, bins, level=self.level, n_bootstrap=self.n_bootstrap, seed=self.seed
+        )
         return {
             "nll": nll,
             "ppl": torch.exp(nll),
             "acc": self.bin_correct.sum() / tokens,
-            "ece": calibration_error_from_bins(
-                self.bin_count, self.bin_confidence, self.bin_correct
-            ),
+            "ece": CF.calibration_error_from_bins(*bins),
+            "ece_debiased": debiased_calibration_error_from_bins(*bins, "l1"),
+            "ece_low": interval["ece_low"],
+            "ece_high": interval["ece_high"],
         }
 
 
@@ -106,8 +212,10 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
     a chunk of tokens at a time and its hyper-parameters (``criterion.gamma``) can be scheduled.
 
     Logged: ``train/loss``, ``criterion/<hyper-parameter>``, ``val/loss`` (the criterion),
-    and from :class:`TokenCalibration` ``val/nll``, ``val/ppl``, ``val/acc``, ``val/ece``
-    (token-level, plain cross-entropy semantics whatever the training loss). The
+    and from :class:`TokenCalibration` ``val/nll``, ``val/ppl``, ``val/acc``, ``val/ece``,
+    ``val/ece_debiased``, ``val/ece_low`` and ``val/ece_high`` (token-level, plain
+    cross-entropy semantics whatever the training loss; the interval hashes each token by its
+    position in the validation windows, :meth:`TokenCalibration.window_positions`). The
     ``[tokens, vocabulary]`` logits never leave the criterion, so ``validation_step`` returns
     nothing for ``CalibrationMonitor``, and ``LossSwitch`` must be given ``LinearTargetLoss``
     specifications (``class_path`` mappings), not names of the logits losses.
@@ -169,6 +277,11 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         self.val_calibration = TokenCalibration(n_bins)
         self.val_loss = MeanOfTerms()
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model reads (its number of position embeddings)."""
+        return self.position_embedding.num_embeddings
+
     def forward(self, tokens: Tensor) -> Tensor:
         """Final hidden states ``[B, L, d_model]`` of token ids ``[B, L]``."""
         length = tokens.shape[1]
@@ -202,17 +315,20 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         # A sum-state mean: exact under DDP whatever each process holds.
         self.val_loss.update(loss, weight=target.numel())
         self.log("val/loss", self.val_loss, on_epoch=True, prog_bar=True)
+        ignore_index = getattr(self.criterion, "ignore_index", -100)
         statistics = linear_prediction_statistics(
             hidden,
             self.token_embedding.weight,
             target,
             bias=self.output_bias,
-            ignore_index=getattr(self.criterion, "ignore_index", -100),
+            ignore_index=ignore_index,
         )
-        self.val_calibration.update(*statistics)
+        # Positions from the windows' order (not batch_idx): the interval is batching-free.
+        index = self.val_calibration.window_positions(target, ignore_index)
+        self.val_calibration.update(*statistics, index=index)
 
     def on_validation_epoch_end(self) -> None:
-        """Log ``val/nll``, ``val/ppl``, ``val/acc`` and ``val/ece`` of the epoch's tokens."""
+        """Log ``val/<name>`` of :class:`TokenCalibration`'s values over the epoch's tokens."""
         results = self.val_calibration.compute()
         for name, value in results.items():
             self.log(f"val/{name}", value.float(), prog_bar=name == "ppl")

@@ -16,6 +16,7 @@ one-sided tests.
 
 from __future__ import annotations
 
+from lightning_losses.reproduce.lm_claim import CLAIM_9
 from lightning_losses.reproduce.spec import (
     EQUIVALENT,
     Claim,
@@ -24,6 +25,7 @@ from lightning_losses.reproduce.spec import (
     Variant,
     against,
     compare,
+    mark,
     mean_of,
     median_against,
     stats,
@@ -562,18 +564,6 @@ def ece_band(table: Table) -> float:
     return max(bands, default=float("nan"))
 
 
-def mark(condition: Condition) -> str:
-    """A table cell: yes / no / undecided, the mean paired difference and its interval."""
-    outcome = condition.outcome
-    decision = condition.decision
-    if outcome == "missing" or decision is None:
-        return "n/a"
-    word = {"holds": "yes", "fails": "no"}.get(outcome) or f"undecided, {condition.seeds_text}"
-    if decision.verdict == "equivalent":
-        word += f", equivalent within ±{condition.margin:g}"
-    return f"{word} ({decision.difference:+.4f} [{decision.low:+.4f}, {decision.high:+.4f}])"
-
-
 def calibration_markdown(table: Table) -> list[str]:
     """Each loss's verdicts (a)-(d) with the numbers, and the width of the intervals."""
     band = ece_band(table)
@@ -861,5 +851,6 @@ CLAIM_8 = Claim(
 
 
 CLAIMS: dict[int, Claim] = {
-    c.number: c for c in (CLAIM_1, CLAIM_2, CLAIM_3, CLAIM_4, CLAIM_5, CLAIM_6, CLAIM_7, CLAIM_8)
+    c.number: c
+    for c in (CLAIM_1, CLAIM_2, CLAIM_3, CLAIM_4, CLAIM_5, CLAIM_6, CLAIM_7, CLAIM_8, CLAIM_9)
 }

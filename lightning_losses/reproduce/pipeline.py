@@ -206,7 +206,7 @@ def run_claim(
 
     # Create the store (its schema) here, before the workers race to create it.
     client_for(tracking_uri).search_experiments(max_results=1)
-    portable = dataclasses.replace(claim, conditions=_no_conditions, extra=None)
+    portable = dataclasses.replace(claim, conditions=_no_conditions, extra=None, after_runs=None)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(
         jobs,
@@ -273,7 +273,7 @@ def figures(result: ClaimResult, tracking_uri: str, out: Path) -> list[str]:
     curves = f"claim{number}_curves.png"
     if curves_figure(result, tracking_uri, out / curves):
         names.append(curves)
-    if number in (2, 3):
+    if number in (2, 3, 9):  # claim 9: the test tokens of each loss
         names += reliability_figures(result, tracking_uri, out)
     nll_curves = f"claim{number}_test_nll.png"
     if nll_curves_figure(result, tracking_uri, out / nll_curves):
@@ -301,6 +301,8 @@ def reproduce_claim(
     runs, reused, failures = run_claim(
         claim, seeds, scale, tracking_uri, out, jobs, since_ms, post_fit_only, train_missing
     )
+    if claim.after_runs is not None and runs:
+        claim.after_runs(runs, tracking_uri, out)
     result = collect(claim, runs, tracking_uri)
     result.reused = reused
     result.failures = failures

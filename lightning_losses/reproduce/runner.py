@@ -25,7 +25,13 @@ import torch
 
 from lightning_losses.functional.evaluation import correct_terms, task_accuracy, task_nll
 from lightning_losses.reproduce import version
-from lightning_losses.reproduce.spec import Claim, Variant, config_path
+from lightning_losses.reproduce.bins import (
+    BINS_ARTIFACT,
+    N_BINS,
+    SCALED_BINS_ARTIFACT,
+    reliability_bins,
+)
+from lightning_losses.reproduce.spec import PROGRAMS, Claim, Variant, config_path
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -34,12 +40,6 @@ if TYPE_CHECKING:
 PREFIX = "rep/"
 #: Tag set once a run's post-fit metrics are all logged.
 COMPLETE_TAG = "reproduce_complete"
-#: Bins of the test reliability diagram.
-N_BINS = 15
-#: Artifact holding the test reliability bins.
-BINS_ARTIFACT = "reproduce/test_bins.json"
-#: Artifact holding the test reliability bins after temperature scaling (multiclass).
-SCALED_BINS_ARTIFACT = "reproduce/test_bins_scaled.json"
 #: The test-NLL curve logged during training by :class:`~lightning_losses.callbacks.SplitCurves`.
 TEST_NLL_CURVE = "curve/test_nll"
 #: Artifact holding the rare class's test precision-recall curve (binary tasks).
@@ -272,15 +272,6 @@ def nm_metrics(logits: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
 SPLIT_METRICS = {"multiclass": multiclass_metrics, "binary": binary_metrics, "nm": nm_metrics}
 
 
-def reliability_bins(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
-    """Equal-width reliability bins of the top label on the test split."""
-    from lightning_losses.calibration.functional import binned_statistics, confidence_and_correct
-
-    confidence, correct = confidence_and_correct(logits, target, input_format="logits")
-    count, conf_sum, correct_sum = binned_statistics(confidence, correct, N_BINS)
-    return {"count": count.tolist(), "conf_sum": conf_sum.tolist(), "correct": correct_sum.tolist()}
-
-
 def pr_curve(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
     """The rare class's precision-recall curve (sklearn), at most ``PR_POINTS`` points."""
     from sklearn.metrics import precision_recall_curve
@@ -443,15 +434,38 @@ def log_post_fit(
     client.set_tag(run_id, COMPLETE_TAG, "1")
 
 
+#: A fit from command-line options (returns the finished LightningCLI), and the post-fit
+#: metrics of its model and DataModule: ``(metrics, artifacts, tags)``.
+Fit = Callable[[list[str]], Any]
+Score = Callable[[Any, Any], tuple[dict[str, float], dict[str, Any], dict[str, str]]]
+
+
+def program(name: str) -> tuple[Fit, Score]:
+    """How a variant's config is fitted and scored, by its ``program`` (:data:`PROGRAMS`).
+
+    ``classifier``: :func:`~lightning_losses.cli.fit.run_fit` and :func:`post_fit_metrics`;
+    ``lm``: the language model's CLI and its held-out text metrics
+    (:mod:`~lightning_losses.reproduce.language_model`).
+    """
+    if name == "lm":
+        from lightning_losses.reproduce import language_model
+
+        return language_model.run_fit, language_model.post_fit_metrics
+    if name != "classifier":
+        raise ValueError(f"program must be one of {', '.join(PROGRAMS)}; got {name!r}")
+    from lightning_losses.cli.fit import run_fit
+
+    return run_fit, post_fit_metrics
+
+
 def train_variant(
     claim: Claim, variant: Variant, seed: int, epochs: int, tracking_uri: str, out: Path
 ) -> str:
     """Fit one run (:func:`~lightning_losses.cli.fit.run_fit`), log its post-fit metrics; its id."""
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from lightning_losses.cli.fit import run_fit
-
-    cli = run_fit(fit_args(claim, variant, seed, epochs, tracking_uri, out))
+    fit, score = program(variant.program)
+    cli = fit(fit_args(claim, variant, seed, epochs, tracking_uri, out))
     logger = cli.trainer.logger
     if not isinstance(logger, MLFlowLogger) or logger.run_id is None:
         raise TypeError(
@@ -459,7 +473,7 @@ def train_variant(
             f"such as lightning_losses.tracking.TrackingLogger); got {type(logger).__name__}"
         )
     run_id = logger.run_id
-    metrics, artifacts, tags = post_fit_metrics(cli.model, cli.datamodule)
+    metrics, artifacts, tags = score(cli.model, cli.datamodule)
     client = client_for(tracking_uri)
     metrics.update(curve_summary(client, run_id))
     tags.update(run_tags(claim, variant, seed, epochs))

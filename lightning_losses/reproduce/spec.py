@@ -51,6 +51,9 @@ from lightning_losses.compare.decide import MAX_SEEDS, Decision, decide, non_inf
 REPOSITORY = Path(__file__).resolve().parents[2]
 #: Folder of the experiment files, one ``claim-<number>-<slug>.yaml`` per claim.
 EXPERIMENTS = "configs/experiments"
+#: What fits a variant's config (an experiment file's ``program``): the classifier CLI
+#: (``lightning-losses fit``) or the language model's (``python -m lightning_losses.lm fit``).
+PROGRAMS = ("classifier", "lm")
 
 SUPPORTED = "supported"
 NOT_SUPPORTED = "not supported"
@@ -115,6 +118,9 @@ class Variant:
         overrides: extra ``--key=value`` arguments of ``lightning-losses fit``.
         epochs: epochs at ``--epochs-scale 1``.
         label: what the variant is, for the report.
+        program: what fits the config: ``"classifier"`` (``lightning-losses fit``) or
+            ``"lm"`` (``python -m lightning_losses.lm fit``, the tiny language model);
+            :data:`PROGRAMS`.
     """
 
     name: str
@@ -122,6 +128,7 @@ class Variant:
     overrides: tuple[str, ...] = ()
     epochs: int = 15
     label: str = ""
+    program: str = "classifier"
 
     def scaled_epochs(self, scale: float) -> int:
         """Epochs under ``--epochs-scale`` (at least one)."""
@@ -389,6 +396,18 @@ def median_against(
     )
 
 
+def mark(condition: Condition) -> str:
+    """A table cell: yes / no / undecided, the mean paired difference and its interval."""
+    outcome = condition.outcome
+    decision = condition.decision
+    if outcome == "missing" or decision is None:
+        return "n/a"
+    word = {"holds": "yes", "fails": "no"}.get(outcome) or f"undecided, {condition.seeds_text}"
+    if decision.verdict == "equivalent":
+        word += f", equivalent within ±{condition.margin:g}"
+    return f"{word} ({decision.difference:+.4f} [{decision.low:+.4f}, {decision.high:+.4f}])"
+
+
 def config_path(config: str) -> str:
     """``config`` as given if it exists, else relative to the repository root."""
     if Path(config).is_file():
@@ -434,6 +453,7 @@ def load_experiment(path: str | Path) -> Experiment:
     """Read an experiment file (``configs/experiments/claim-<n>-<slug>.yaml``).
 
     The file holds ``epochs`` (the default budget), optional ``min_seeds``, optional
+    ``program`` (:data:`PROGRAMS`, default ``classifier``: what fits the configs), optional
     ``overrides`` applied to every variant, and ``variants``: a list of ``{name, config,
     label, overrides, epochs}`` where ``overrides`` maps dotted CLI keys
     (``model.criterion.init_args.k``) to values.
@@ -442,7 +462,8 @@ def load_experiment(path: str | Path) -> Experiment:
         FileNotFoundError: no such file (the experiments ship with the repository, not the
             wheel).
         ValueError: a variant without ``name`` or ``config``, a repeated name,
-            ``overrides`` that are not a mapping, or ``min_seeds`` below 1.
+            ``overrides`` that are not a mapping, ``min_seeds`` below 1 or an unknown
+            ``program``.
     """
     import yaml
 
@@ -460,6 +481,9 @@ def load_experiment(path: str | Path) -> Experiment:
         min_seeds = check_int("min_seeds", spec.get("min_seeds", 1), low=1)
     except ValueError as error:  # an ArgumentTypeError too
         raise ValueError(f"{path}: {error}") from error
+    program = str(spec.get("program", "classifier"))
+    if program not in PROGRAMS:
+        raise ValueError(f"{path}: program must be one of {', '.join(PROGRAMS)}; got {program!r}")
     shared = _overrides(spec.get("overrides"), f"{path}")
     variants: list[Variant] = []
     for i, item in enumerate(spec.get("variants") or []):
@@ -477,6 +501,7 @@ def load_experiment(path: str | Path) -> Experiment:
                 (*shared, *own),
                 int(item.get("epochs", epochs)),
                 str(item.get("label", "")),
+                program,
             )
         )
     if not variants:
@@ -562,6 +587,9 @@ class Claim:
             verdicts, published numbers beside ours).
         extra_metrics: MLflow metric keys that ``extra`` reads beyond ``metrics`` (in the
             table and the appendix, not columns).
+        after_runs: called with ``(runs, tracking_uri, out)`` once all of the claim's runs
+            are done, before they are read back: measures that need several runs (claim 9
+            scores each run's generated text under cross-entropy's model of its seed).
     """
 
     number: int
@@ -574,6 +602,7 @@ class Claim:
     fixed_variants: tuple[Variant, ...] = ()
     extra: Callable[[Table], list[str]] | None = None
     extra_metrics: tuple[str, ...] = ()
+    after_runs: Callable[[dict[tuple[str, int], str], str, Path], object] | None = None
 
     @property
     def experiment(self) -> str:

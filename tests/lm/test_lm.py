@@ -77,13 +77,48 @@ def test_windows_are_next_token_pairs():
 
 def test_split_is_by_sorted_topic_and_seeded():
     names = list(load_topics())
-    train, val = split_topics(names, 0.1, seed=0)
+    train, val, test = split_topics(names, 0.1, seed=0)
+    assert test == []
     assert sorted(train + val) == sorted(names)
     assert not set(train) & set(val)
     assert train == sorted(train)
     assert len(val) == round(0.1 * len(names))
-    assert split_topics(reversed(names), 0.1, seed=0) == (train, val)
-    assert split_topics(names, 0.1, seed=1) != (train, val)
+    assert split_topics(reversed(names), 0.1, seed=0) == (train, val, [])
+    assert split_topics(names, 0.1, seed=1) != (train, val, [])
+
+
+def test_test_split_keeps_the_validation_split_and_takes_from_training():
+    names = list(load_topics())
+    train, val, _ = split_topics(names, 0.1, seed=3)
+    train2, val2, test2 = split_topics(names, 0.1, seed=3, test_fraction=0.1)
+    assert val2 == val
+    assert len(test2) == round(0.1 * len(names))
+    assert sorted(train2 + test2) == train
+    assert not set(test2) & set(val2)
+    with pytest.raises(ValueError, match="test_fraction"):
+        split_topics(names, 0.1, seed=0, test_fraction=1.5)
+    with pytest.raises(ValueError, match="no training topic would be left"):
+        split_topics(["a", "b", "c"], 0.5, seed=0, test_fraction=0.5)
+
+
+def test_datamodule_test_split():
+    datamodule = PydocTopicsDataModule(context_length=16, test_fraction=0.1, seed=2)
+    plain = PydocTopicsDataModule(context_length=16, seed=2)
+    assert datamodule.val_topics == plain.val_topics
+    assert set(datamodule.test_topics) <= set(plain.train_topics)
+    tokenizer = datamodule.tokenizer
+    expected = [
+        i
+        for name in datamodule.test_topics
+        for i in tokenizer.encode(load_topics()[name], eos=True)
+    ]
+    windows = datamodule.dataset("test")
+    assert len(windows) == (len(expected) - 1) // 16
+    x, y = next(iter(datamodule.test_dataloader()))
+    assert x[0].tolist() == expected[:16]
+    assert y[0].tolist() == expected[1:17]
+    with pytest.raises(ValueError, match="test split needs test_fraction > 0"):
+        plain.dataset("test")
 
 
 def test_datamodule(datamodule):

@@ -29,9 +29,9 @@ LAYERS: list[tuple[str, str]] = [
     ("tracking", r"lightning_losses\.tracking(\..*)?"),
     ("callbacks", r"lightning_losses\.callbacks(\..*)?"),
     ("cli", r"lightning_losses\.cli(\.(?!console$).*)?"),
+    ("lm", r"lightning_losses\.lm(\..*)?"),
     ("compare", r"lightning_losses\.compare(\..*)?"),
     ("reproduce", r"lightning_losses\.reproduce(\..*)?"),
-    ("lm", r"lightning_losses\.lm(\..*)?"),
     ("console", r"lightning_losses\.cli\.console"),
 ]
 
