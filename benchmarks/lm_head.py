@@ -6,6 +6,7 @@ Usage::
     python benchmarks/lm_head.py --quick               # small shapes, a smoke test (~1 min)
     python benchmarks/lm_head.py --shapes 4096x1024x50257 --dtype bfloat16 --threads 1
     python benchmarks/lm_head.py --markdown            # the README table
+    python benchmarks/lm_head.py --device cuda --shapes 32768x1024x128000 --max-plain-gib 64
 
 Every candidate is one forward + backward of a loss of ``logits = hidden @ weight.T`` with
 ``hidden [N, H]`` and ``weight [V, H]`` requiring gradients:
@@ -28,6 +29,17 @@ each candidate in a fresh process: the resident high-water mark of one forward +
 moment (inputs already allocated; the gradients count, for every candidate alike), after one
 call on a tiny shape so that one-time set-up (loading kernels, registering ops) is not counted.
 Targets for ours: time <= 1.05x and peak memory <= 1.2x PyTorch's chunked mean cross-entropy.
+
+PyTorch's chunked cases need ``F.linear_cross_entropy`` with ``LinearCrossEntropyOptions``; on a
+torch without them they are left out and the ratios are to the plain path (or, when that is
+skipped too, to ``ours ce``), the targets then not judged.
+
+With ``--device cuda`` the inputs are moved to the GPU (the same values as on the CPU), each
+timed call is bracketed by ``torch.cuda.synchronize()``, and peak memory is measured in this
+process after the warm-ups: ``torch.cuda.max_memory_allocated()`` over one forward + backward
+(its statistics reset just before it) less ``torch.cuda.memory_allocated()`` at that moment
+(inputs excluded, the gradients counted). A candidate that runs out of GPU memory is left out
+of the table and named below it. ``--max-plain-gib`` still decides whether the plain path runs.
 """
 
 from __future__ import annotations
@@ -50,6 +62,11 @@ from lightning_losses.functional.target_probability import FAMILY
 
 Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BASELINE = "torch chunked CE (mean)"
+PLAIN = "plain logits + F.cross_entropy"
+#: Whether this torch has the chunked ``F.linear_cross_entropy`` (PyTorch's cases need it).
+TORCH_CHUNKED = hasattr(F, "linear_cross_entropy") and hasattr(
+    torch.nn, "LinearCrossEntropyOptions"
+)
 TIME_TARGET, MEMORY_TARGET = 1.05, 1.2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,16 +116,30 @@ SMOOTHED = {
 
 
 def all_cases() -> dict[str, Case]:
-    """Every candidate by name: PyTorch's plain and chunked heads, and ours."""
+    """Every candidate by name: PyTorch's plain and chunked heads (if it has them), and ours."""
+    torch_cases: dict[str, Case] = {}
+    if TORCH_CHUNKED:
+        torch_cases = {
+            BASELINE: _torch_chunked("mean"),
+            "torch chunked CE (mean), ls=0.1": _torch_chunked("mean", label_smoothing=0.1),
+            "torch chunked CE (none) + focal(2)": _composed("focal", gamma=2.0),
+            "torch chunked CE (none) + gamma_ce(0.5)": _composed("gamma_ce", gamma=0.5),
+        }
     return {
-        "plain logits + F.cross_entropy": lambda h, w, t: F.cross_entropy(h @ w.T, t),
-        BASELINE: _torch_chunked("mean"),
-        "torch chunked CE (mean), ls=0.1": _torch_chunked("mean", label_smoothing=0.1),
-        "torch chunked CE (none) + focal(2)": _composed("focal", gamma=2.0),
-        "torch chunked CE (none) + gamma_ce(0.5)": _composed("gamma_ce", gamma=0.5),
+        PLAIN: lambda h, w, t: F.cross_entropy(h @ w.T, t),
+        **torch_cases,
         **OURS,
         "ours focal(2), reduction=none": _ours("focal", reduction="none", gamma=2.0),
+        # Half-precision products (float32 accumulation, float32 softmax and sums): the tensor
+        # cores; the same as "ours ce" for float32 inputs.
+        "ours ce, half_matmul": _ours("ce", half_matmul=True),
+        "ours gamma_ce(0.5), half_matmul": _ours("gamma_ce", gamma=0.5, half_matmul=True),
     }
+
+
+def baseline_of(names: list[str]) -> str:
+    """The candidate of the ratios: PyTorch's chunked mean CE, else the plain path, else ours."""
+    return next(name for name in (BASELINE, PLAIN, "ours ce") if name in names)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -120,13 +151,19 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return n, h, v
 
 
-def make_inputs(shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0):
-    """Hidden states ``[N, H]``, weight ``[V, H]`` (both requiring grad) and targets."""
+def make_inputs(
+    shape: tuple[int, int, int], dtype: torch.dtype, seed: int = 0, device: str = "cpu"
+):
+    """Hidden states ``[N, H]``, weight ``[V, H]`` (both requiring grad) and targets.
+
+    Drawn on the CPU and moved to ``device``: the same values on every device.
+    """
     n, h, v = shape
     generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, h, generator=generator).to(dtype).requires_grad_()
-    weight = (torch.randn(v, h, generator=generator) / h**0.5).to(dtype).requires_grad_()
-    target = torch.randint(0, v, (n,), generator=generator)
+    hidden = torch.randn(n, h, generator=generator).to(device, dtype).requires_grad_()
+    weight = torch.randn(v, h, generator=generator) / h**0.5
+    weight = weight.to(device, dtype).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=generator).to(device)
     return hidden, weight, target
 
 
@@ -136,12 +173,55 @@ def plain_bytes(shape: tuple[int, int, int]) -> int:
     return 4 * n * v * 4
 
 
-def run_once(case: Case, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor):
-    """Seconds of one forward and backward of ``case`` (gradients reset first)."""
+def synchronize(device: str) -> None:
+    """Wait for the kernels queued on ``device`` (CUDA); nothing on the CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_text(device: str, dtype: str) -> str:
+    """The device in a table's title: the GPU (and its float32 matmul precision) or the CPU."""
+    if device == "cuda":
+        precision = torch.get_float32_matmul_precision()
+        suffix = f", float32 matmul precision {precision}" if dtype == "float32" else ""
+        return torch.cuda.get_device_name() + suffix
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def run_once(
+    case: Case,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    device: str = "cpu",
+) -> float:
+    """Seconds of one forward and backward of ``case`` (gradients reset first).
+
+    On CUDA the device is synchronised before the clock starts and before it stops.
+    """
     hidden.grad = weight.grad = None
+    synchronize(device)
     start = time.perf_counter()
     case(hidden, weight, target).backward()
+    synchronize(device)
     return time.perf_counter() - start
+
+
+def cuda_peak_memory(
+    case: Case, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
+) -> float:
+    """Peak extra MiB of one forward + backward on CUDA, in this process (after a warm-up).
+
+    ``torch.cuda.max_memory_allocated()`` over the call (statistics reset just before it) less
+    ``torch.cuda.memory_allocated()`` then: the inputs are excluded, the new gradients count.
+    """
+    hidden.grad = weight.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    case(hidden, weight, target).backward()
+    torch.cuda.synchronize()
+    return max(torch.cuda.max_memory_allocated() - before, 0) / 2**20
 
 
 def measure_memory(name: str, shape: tuple[int, int, int], dtype: torch.dtype) -> None:
@@ -165,33 +245,60 @@ def peak_memory(name: str, shape: tuple[int, int, int], dtype: str, threads: int
 
 
 def benchmark_shape(shape, args, names: list[str]) -> dict[str, tuple[float, float | None]]:
-    """``{name: (median seconds, peak MiB or None)}`` for one shape."""
+    """``{name: (median seconds, peak MiB or None)}`` for one shape (on CUDA: those that fit)."""
     cases = all_cases()
     dtype = DTYPES[args.dtype]
-    inputs = make_inputs(shape, dtype)
-    for name in names:
-        run_once(cases[name], *inputs)  # warm-up
+    inputs = make_inputs(shape, dtype, device=args.device)
+    names = warm_up(cases, names, inputs, args.device)
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeats):
         for name in names:
-            times[name].append(run_once(cases[name], *inputs))
-    del inputs
+            times[name].append(run_once(cases[name], *inputs, args.device))
     memory: dict[str, float | None] = dict.fromkeys(names)
-    if not args.no_memory:
+    if not args.no_memory and args.device == "cuda":
+        for name in names:
+            memory[name] = cuda_peak_memory(cases[name], *inputs)
+    del inputs
+    if not args.no_memory and args.device == "cpu":
         for name in names:
             memory[name] = peak_memory(name, shape, args.dtype, torch.get_num_threads())
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
     return {name: (statistics.median(times[name]), memory[name]) for name in names}
 
 
-def report(shape, results, args, skipped: str | None) -> tuple[float, float | None]:
-    """Print one shape's table; return the worst time and memory ratios of ours."""
-    base_time, base_memory = results[BASELINE]
+def warm_up(cases: dict[str, Case], names: list[str], inputs: tuple, device: str) -> list[str]:
+    """Run each candidate once (not timed); on CUDA, leave out (and name) those out of memory."""
+    kept = []
+    for name in names:
+        try:
+            run_once(cases[name], *inputs, device)
+        except torch.cuda.OutOfMemoryError:
+            if device == "cpu":
+                raise
+            inputs[0].grad = inputs[1].grad = None
+            torch.cuda.empty_cache()
+            print(f"{name}: out of GPU memory, left out", file=sys.stderr)
+            continue
+        kept.append(name)
+    return kept
+
+
+def report(shape, results, args, notes: list[str]) -> tuple[str, float, float | None]:
+    """Print one shape's table; return its baseline and the worst time and memory ratios of ours."""
+    baseline = baseline_of(list(results))
+    base_time, base_memory = results[baseline]
     n, h, v = shape
     title = (
-        f"N={n} tokens, H={h}, V={v}, {args.dtype}, CPU ({torch.get_num_threads()} threads), "
+        f"N={n} tokens, H={h}, V={v}, {args.dtype}, {device_text(args.device, args.dtype)}, "
         f"torch {torch.__version__}; forward+backward, median of {args.repeats}"
     )
-    header = ["candidate", "ms", f"time / {BASELINE}", "peak MiB", "memory / baseline"]
+    if args.device == "cuda" and base_memory is not None:
+        title += (
+            "; peak MiB: torch.cuda.max_memory_allocated over one call less the memory "
+            "allocated before it"
+        )
+    header = ["candidate", "ms", f"time / {baseline}", "peak MiB", "memory / baseline"]
     rows = []
     for name, (seconds, mib) in results.items():
         mark = " *" if name in OURS else ""
@@ -205,22 +312,42 @@ def report(shape, results, args, skipped: str | None) -> tuple[float, float | No
                 memory_ratio,
             ]
         )
-    if args.markdown:
+    print_table(title, header, rows, notes, args.markdown)
+    print_smoothed(results)
+    ours = [name for name in OURS if name in results]
+    worst_time = max(results[name][0] for name in ours) / base_time
+    worst_memory = None
+    if base_memory:
+        worst_memory = max(results[name][1] or 0.0 for name in ours) / base_memory
+    return baseline, worst_time, worst_memory
+
+
+def print_table(
+    title: str, header: list[str], rows: list[list[str]], notes: list[str], markdown: bool
+) -> None:
+    """One shape's table, as markdown or as aligned text, with its notes under the title."""
+    if markdown:
         print(f"\n{title}. `*`: ours, target <= {TIME_TARGET}x time, <= {MEMORY_TARGET}x memory.")
-        if skipped:
-            print(f"{skipped}.")
+        for note in notes:
+            print(f"{note}.")
         print("\n| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for row in rows:
             print("| " + " | ".join(row) + " |")
     else:
         print(f"\n{title}   (* ours)")
-        if skipped:
-            print(skipped)
+        for note in notes:
+            print(note)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+def print_smoothed(results: dict[str, tuple[float, float | None]]) -> None:
+    """Label smoothing's cost: ours smoothed over ours plain and over PyTorch's smoothed."""
     for name, (plain, torch_name) in SMOOTHED.items():
+        if not {name, plain, torch_name} <= set(results):
+            continue
         (seconds, mib), (plain_seconds, plain_mib) = results[name], results[plain]
         torch_seconds, torch_mib = results[torch_name]
         line = (
@@ -230,15 +357,10 @@ def report(shape, results, args, skipped: str | None) -> tuple[float, float | No
         if mib and plain_mib and torch_mib:
             line += f"; peak memory {mib / plain_mib:.2f}x, {mib / torch_mib:.2f}x"
         print(line)
-    worst_time = max(results[name][0] for name in OURS) / base_time
-    worst_memory = None
-    if base_memory:
-        worst_memory = max(results[name][1] or 0.0 for name in OURS) / base_memory
-    return worst_time, worst_memory
 
 
-def main() -> None:
-    """Time (and measure) every candidate on each shape and print the tables."""
+def parse_args() -> argparse.Namespace:
+    """The command line's options (``--device cuda`` refused where CUDA is not available)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shape, nargs="+", help="NxHxV, several allowed")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
@@ -248,8 +370,59 @@ def main() -> None:
     parser.add_argument("--max-plain-gib", type=float, default=6.0)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the inputs live"
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(
+            f"argument --device: cuda is not available to torch {torch.__version__} on this "
+            "machine; use --device cpu"
+        )
+    return args
+
+
+def shape_notes(
+    shape: tuple[int, int, int], args: argparse.Namespace
+) -> tuple[list[str], list[str]]:
+    """The candidates to run on ``shape`` and the notes saying which are left out and why."""
+    names = list(all_cases())
+    notes = []
+    if not TORCH_CHUNKED:
+        notes.append(
+            f"torch {torch.__version__} has no chunked F.linear_cross_entropy: PyTorch's "
+            "chunked candidates left out, the targets not judged"
+        )
+    if plain_bytes(shape) > args.max_plain_gib * 2**30:
+        names.remove(PLAIN)
+        notes.append(
+            f"plain logits skipped: it would need about {plain_bytes(shape) / 2**30:.1f} GiB "
+            f"(> --max-plain-gib {args.max_plain_gib:g})"
+        )
+    return names, notes
+
+
+def print_verdicts(verdicts: list[tuple[tuple[int, int, int], str, float, float | None]]) -> None:
+    """One line per shape: ours' worst ratios, and the targets where the baseline is PyTorch's."""
+    print()
+    for shape, baseline, worst_time, worst_memory in verdicts:
+        memory_text = "n/a" if worst_memory is None else f"{worst_memory:.2f}x"
+        line = (
+            f"{'x'.join(map(str, shape))}: slowest of ours {worst_time:.2f}x, largest peak "
+            f"{memory_text} of {baseline}"
+        )
+        if baseline == BASELINE:
+            met = worst_time <= TIME_TARGET and (worst_memory or 0.0) <= MEMORY_TARGET
+            line += f"; targets ({TIME_TARGET}x, {MEMORY_TARGET}x) {'met' if met else 'NOT met'}"
+        else:
+            line += f" (targets are to {BASELINE}: not judged)"
+        print(line)
+
+
+def main() -> None:
+    """Time (and measure) every candidate on each shape and print the tables."""
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
@@ -262,25 +435,13 @@ def main() -> None:
 
     verdicts = []
     for shape in shapes:
-        names = list(all_cases())
-        skipped = None
-        if plain_bytes(shape) > args.max_plain_gib * 2**30:
-            names.remove("plain logits + F.cross_entropy")
-            skipped = (
-                f"plain logits skipped: it would need about {plain_bytes(shape) / 2**30:.1f} GiB "
-                f"(> --max-plain-gib {args.max_plain_gib:g})"
-            )
+        names, notes = shape_notes(shape, args)
         results = benchmark_shape(shape, args, names)
-        verdicts.append((shape, *report(shape, results, args, skipped)))
-    print()
-    for shape, worst_time, worst_memory in verdicts:
-        memory_text = "n/a" if worst_memory is None else f"{worst_memory:.2f}x"
-        met = worst_time <= TIME_TARGET and (worst_memory or 0.0) <= MEMORY_TARGET
-        print(
-            f"{'x'.join(map(str, shape))}: slowest of ours {worst_time:.2f}x, largest peak "
-            f"{memory_text} of {BASELINE}; targets ({TIME_TARGET}x, {MEMORY_TARGET}x) "
-            f"{'met' if met else 'NOT met'}"
-        )
+        left_out = [name for name in names if name not in results]
+        if left_out:
+            notes.append(f"out of GPU memory (left out): {', '.join(left_out)}")
+        verdicts.append((shape, *report(shape, results, args, notes)))
+    print_verdicts(verdicts)
 
 
 if __name__ == "__main__":

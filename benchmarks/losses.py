@@ -6,6 +6,7 @@ Usage::
     python benchmarks/losses.py --rows 4096 --classes 100 --repeats 3
     python benchmarks/losses.py --markdown          # the README table
     python benchmarks/losses.py --only poly1_loss mdca_loss   # some cases, beside F.cross_entropy
+    python benchmarks/losses.py --device cuda --dtype bfloat16   # on the GPU, bfloat16 logits
 
 Times are the median of ``--repeats`` timed calls after one warm-up, the candidates run in
 turn within each repetition so that drift of the machine hits them alike. Peak memory is
@@ -14,6 +15,13 @@ forward + backward (reset just before it), less the resident set at that moment 
 allocated; the gradient of the logits counts, for every candidate alike). Every
 ratio is to ``F.cross_entropy`` measured in the same run. kornia's and torchvision's focal
 losses are included when those packages import.
+
+With ``--device cuda`` the inputs are made on the GPU, each timed call is bracketed by
+``torch.cuda.synchronize()`` (so that its time covers the kernels it queued), and peak memory is
+measured in this process after the warm-ups: ``torch.cuda.max_memory_allocated()`` over one
+forward + backward (its statistics reset just before it) less ``torch.cuda.memory_allocated()``
+at that moment (again inputs excluded, the gradient of the logits counted). A case that runs out
+of GPU memory is left out of the table and named below it.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from peak_memory import reset_peak, status_bytes
 
 from lightning_losses import functional as LF
 
-Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # AdaFocal's state as training leaves it: 15 bins, focal gammas above 0, inverse focal below.
 ADAFOCAL_EDGES = torch.linspace(0.0, 1.0, 16, dtype=torch.float64)
@@ -42,7 +51,9 @@ ADAFOCAL_GAMMAS = torch.tensor(
 )
 
 
-def _family_cases() -> dict[str, tuple[str, Case]]:
+def _family_cases(device: str = "cpu") -> dict[str, tuple[str, Case]]:
+    # AdaFocal's bins on the logits' device, as the loss module's buffers would be in training.
+    edges, gammas = ADAFOCAL_EDGES.to(device), ADAFOCAL_GAMMAS.to(device)
     return {
         "F.cross_entropy": ("index", lambda x, t, y: F.cross_entropy(x, t)),
         "cross_entropy": ("index", lambda x, t, y: LF.cross_entropy(x, t)),
@@ -72,7 +83,7 @@ def _family_cases() -> dict[str, tuple[str, Case]]:
         "adaptive_focal_loss": ("index", lambda x, t, y: LF.adaptive_focal_loss(x, t)),
         "adafocal_loss (15 bins)": (
             "index",
-            lambda x, t, y: LF.adafocal_loss(x, t, edges=ADAFOCAL_EDGES, gammas=ADAFOCAL_GAMMAS),
+            lambda x, t, y: LF.adafocal_loss(x, t, edges=edges, gammas=gammas),
         ),
         "hard_truncated_loss": ("index", lambda x, t, y: LF.hard_truncated_loss(x, t)),
         "poly1_loss": ("index", lambda x, t, y: LF.poly1_loss(x, t, epsilon=1.0)),
@@ -145,9 +156,9 @@ def _peer_cases() -> dict[str, tuple[str, Case]]:
     return cases
 
 
-def all_cases() -> dict[str, tuple[str, Case]]:
-    """Every timed loss by name, with its kind of target."""
-    return {**_family_cases(), **_peer_cases(), **_other_cases()}
+def all_cases(device: str = "cpu") -> dict[str, tuple[str, Case]]:
+    """Every timed loss by name, with its kind of target (``index`` or ``binary``)."""
+    return {**_family_cases(device), **_peer_cases(), **_other_cases()}
 
 
 FAMILY = set(_family_cases()) - {"F.cross_entropy", "F.cross_entropy(ls=0.1)"}
@@ -158,27 +169,63 @@ SMOOTHED = {
 }
 
 
-def make_inputs(rows: int, classes: int, seed: int = 0):
-    """Logits ``[rows, classes]`` (requiring grad), class indices and sparse labels."""
-    generator = torch.Generator().manual_seed(seed)
-    x = (2 * torch.randn(rows, classes, generator=generator)).requires_grad_()
-    t = torch.randint(0, classes, (rows,), generator=generator)
-    y = (torch.rand(rows, classes, generator=generator) < 0.01).float()
+def synchronize(device: str) -> None:
+    """Wait for the kernels queued on ``device`` (CUDA); nothing on the CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_text(device: str) -> str:
+    """The device in the table's title: the GPU's name, or the CPU and its threads."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def make_inputs(
+    rows: int,
+    classes: int,
+    seed: int = 0,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    binary: bool = True,
+):
+    """Logits ``[rows, classes]`` (requiring grad), class indices and sparse labels.
+
+    Made on ``device`` by a generator there (the CPU's values do not depend on the options);
+    the labels ``[rows, classes]`` only with ``binary`` (else ``None``), in ``dtype`` as the
+    logits.
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = 2 * torch.randn(rows, classes, generator=generator, device=device)
+    x = x.to(dtype).requires_grad_()
+    t = torch.randint(0, classes, (rows,), generator=generator, device=device)
+    y = None
+    if binary:
+        y = (torch.rand(rows, classes, generator=generator, device=device) < 0.01).to(dtype)
     return x, t, y
 
 
-def run_once(case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> float:
-    """Seconds of one forward and backward of ``case`` (the gradient reset first)."""
+def run_once(
+    case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None, device: str = "cpu"
+) -> float:
+    """Seconds of one forward and backward of ``case`` (the gradient reset first).
+
+    On CUDA the device is synchronised before the clock starts and before it stops.
+    """
     x.grad = None
+    synchronize(device)
     start = time.perf_counter()
     case(x, t, y).backward()
+    synchronize(device)
     return time.perf_counter() - start
 
 
-def measure_memory(name: str, rows: int, classes: int) -> None:
+def measure_memory(name: str, rows: int, classes: int, dtype: torch.dtype) -> None:
     """Child process: print the peak extra resident memory of one forward + backward."""
     _, case = all_cases()[name]
-    x, t, y = make_inputs(rows, classes)
+    x, t, y = make_inputs(rows, classes, dtype=dtype)
     reset_peak()
     before = status_bytes("VmRSS")
     case(x, t, y).backward()
@@ -186,10 +233,25 @@ def measure_memory(name: str, rows: int, classes: int) -> None:
     print(json.dumps({"extra_bytes": max(peak - before, 0)}))
 
 
-def peak_memory(name: str, rows: int, classes: int) -> float:
-    """Peak extra MiB of ``name`` measured in a fresh process."""
+def cuda_peak_memory(case: Case, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None) -> float:
+    """Peak extra MiB of one forward + backward on CUDA, in this process (after a warm-up).
+
+    ``torch.cuda.max_memory_allocated()`` over the call (statistics reset just before it) less
+    ``torch.cuda.memory_allocated()`` then: the inputs are excluded, the new gradient counts.
+    """
+    x.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    case(x, t, y).backward()
+    torch.cuda.synchronize()
+    return max(torch.cuda.max_memory_allocated() - before, 0) / 2**20
+
+
+def peak_memory(name: str, rows: int, classes: int, dtype: str = "float32") -> float:
+    """Peak extra MiB of ``name`` measured in a fresh process (the CPU)."""
     command = [sys.executable, __file__, "--memory-of", name]
-    command += ["--rows", str(rows), "--classes", str(classes)]
+    command += ["--rows", str(rows), "--classes", str(classes), "--dtype", dtype]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
 
@@ -207,21 +269,51 @@ def parse_args() -> argparse.Namespace:
         "--only", nargs="+", metavar="CASE", help="time these cases (and F.cross_entropy) only"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the inputs live"
+    )
+    parser.add_argument(
+        "--dtype", choices=list(DTYPES), default="float32", help="the logits' dtype"
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(
+            f"argument --device: cuda is not available to torch {torch.__version__} on this "
+            "machine; use --device cpu"
+        )
+    return args
 
 
-def median_times(cases: dict[str, tuple[str, Case]], args: argparse.Namespace) -> dict[str, float]:
-    """Median seconds of each case after a warm-up, interleaved (EXACT: ``--slow-repeats``)."""
-    x, t, y = make_inputs(args.rows, args.classes)
+def warm_up(
+    cases: dict[str, tuple[str, Case]], inputs: tuple, device: str
+) -> dict[str, tuple[str, Case]]:
+    """Run each case once (not timed); on CUDA, leave out (and name) those out of memory."""
+    kept = {}
+    for name, (kind, case) in cases.items():
+        try:
+            run_once(case, *inputs, device)
+        except torch.cuda.OutOfMemoryError:
+            if device == "cpu":
+                raise
+            inputs[0].grad = None
+            torch.cuda.empty_cache()
+            print(f"{name}: out of GPU memory, left out", file=sys.stderr)
+            continue
+        kept[name] = (kind, case)
+    return kept
+
+
+def median_times(
+    cases: dict[str, tuple[str, Case]], inputs: tuple, args: argparse.Namespace
+) -> dict[str, float]:
+    """Median seconds of each case, interleaved (EXACT: ``--slow-repeats``); warmed up before."""
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for _, case in cases.values():
-        run_once(case, x, t, y)  # warm-up
     for repeat in range(args.repeats):
         for name, (_, case) in cases.items():
             if "exact" in name and repeat >= args.slow_repeats:
                 continue
-            times[name].append(run_once(case, x, t, y))
+            times[name].append(run_once(case, *inputs, args.device))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -232,10 +324,14 @@ def print_table(
     base_time = median["F.cross_entropy"]
     base_memory = memory.get("F.cross_entropy")
     title = (
-        f"forward+backward, logits [{args.rows}, {args.classes}] float32, CPU "
-        f"({torch.get_num_threads()} threads), torch {torch.__version__}; median of "
-        f"{args.repeats}"
+        f"forward+backward, logits [{args.rows}, {args.classes}] {args.dtype}, "
+        f"{device_text(args.device)}, torch {torch.__version__}; median of {args.repeats}"
     )
+    if args.device == "cuda" and memory:
+        title += (
+            "; peak MiB: torch.cuda.max_memory_allocated over one call less the memory "
+            "allocated before it"
+        )
     header = ["loss", "ms", "time / F.cross_entropy", "peak MiB", "memory / F.cross_entropy"]
     rows = []
     for name in names:
@@ -312,19 +408,29 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
-        measure_memory(args.memory_of, args.rows, args.classes)
+        measure_memory(args.memory_of, args.rows, args.classes, DTYPES[args.dtype])
         return
-    cases = all_cases()
+    cases = all_cases(args.device)
     if args.only:
         unknown = sorted(set(args.only) - set(cases))
         if unknown:
             raise SystemExit(f"--only: unknown case(s) {unknown}; the cases: {sorted(cases)}")
         cases = {k: v for k, v in cases.items() if k == "F.cross_entropy" or k in args.only}
-    median = median_times(cases, args)
+    binary = any(kind == "binary" for kind, _ in cases.values())
+    dtype = DTYPES[args.dtype]
+    inputs = make_inputs(args.rows, args.classes, device=args.device, dtype=dtype, binary=binary)
+    timed = warm_up(cases, inputs, args.device)
+    median = median_times(timed, inputs, args)
     memory = {}
-    if not args.no_memory:
-        memory = {name: peak_memory(name, args.rows, args.classes) for name in cases}
-    print_table(list(cases), median, memory, args)
+    if not args.no_memory and args.device == "cpu":
+        del inputs  # as before: the children make their own
+        memory = {name: peak_memory(name, args.rows, args.classes, args.dtype) for name in timed}
+    elif not args.no_memory:
+        memory = {name: cuda_peak_memory(case, *inputs) for name, (_, case) in timed.items()}
+    print_table(list(timed), median, memory, args)
+    left_out = [name for name in cases if name not in timed]
+    if left_out:
+        print(f"\nout of GPU memory (left out): {', '.join(left_out)}")
     print_targets(median, memory)
 
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU benchmarks in one run: losses.py and lm_head.py with --device cuda, each table written
+# as markdown to the folder given as the first argument.
+#
+#   bash benchmarks/device_check.sh "$OUT"          # on the GPU machine, from the repository root
+#   DEVICE_CHECK_SMOKE=1 bash benchmarks/device_check.sh /tmp/out   # the same steps, tiny, CPU
+#
+# Needs torch (with CUDA), lightning and torchmetrics only; the repository is imported through
+# PYTHONPATH=. (no install); $PYTHON, if set, is the interpreter. Estimated on one H100 (~50 TFLOP/s float32 matmul, ~3 TB/s):
+#   [3-4]  losses [32768, 1000], every case: ~2-10 ms a call (EXACT ~1 s), ~20 s each with
+#          start-up;
+#   [5-6]  losses [65536, 32000] (2.1e9 logits, 8 GiB in float32), the [N, C] losses only
+#          (binary, EXACT and n-by-m would need 5x F.cross_entropy's memory): ~10 passes of
+#          8 GiB a call, ~30-100 ms; 20 cases x 7 calls, ~30 s each;
+#   [7]    lm_head float32, 8192x512x32000 (~10 ms a call) and 32768x1024x128000 (3-4 matmuls
+#          of 8.6 TFLOP, ~0.5-1 s a call; 11-15 candidates x 5 calls): ~60-90 s;
+#   [8]    lm_head bfloat16, the same shapes on tensor cores: ~20-30 s.
+# In all about 4 minutes.
+set -euo pipefail
+
+out="${1:?usage: bash benchmarks/device_check.sh OUTPUT_DIR}"
+mkdir -p "$out"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+python="${PYTHON:-$(command -v python || command -v python3)}"
+total=8
+
+device=cuda
+small=(--rows 32768 --classes 1000 --repeats 20)
+large=(--rows 65536 --classes 32000 --repeats 5)
+shapes=(--shapes 8192x512x32000 32768x1024x128000 --max-plain-gib 64 --repeats 3)
+if [[ "${DEVICE_CHECK_SMOKE:-0}" == 1 ]]; then # check the steps on a CPU, tiny
+    device=cpu
+    small=(--rows 256 --classes 20 --repeats 1 --threads 1)
+    large=(--rows 128 --classes 300 --repeats 1 --threads 1)
+    shapes=(--shapes 128x16x500 256x16x2000 --max-plain-gib 64 --repeats 1 --threads 1)
+fi
+# The losses of [N, C] logits: those that fit at [65536, 32000] (F.cross_entropy always runs).
+large_cases=(
+    cross_entropy "gamma_cross_entropy(0.5)" "F.cross_entropy(ls=0.1)" "cross_entropy(ls=0.1)"
+    "gamma_cross_entropy(0.5, ls=0.1)" "gamma_cross_entropy(0.5, b=0.2)" soft_accuracy_loss
+    "focal_loss(2)" "focal_loss(0.5)" adaptive_focal_loss "adafocal_loss (15 bins)"
+    hard_truncated_loss poly1_loss soft_truncated_loss mbls_loss dual_focal_loss mdca_loss
+    dca_loss mmce_loss
+)
+
+step=0
+begin() {
+    step=$((step + 1))
+    echo
+    echo "[$step/$total] $* (at ${SECONDS} s)"
+}
+
+begin "environment"
+nvidia-smi -L || echo "nvidia-smi: not available"
+"$python" --version
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+    "available", torch.cuda.is_available(),
+    "float32 matmul precision", torch.get_float32_matmul_precision())'
+
+begin "import lightning_losses.functional (torch, lightning and torchmetrics only)"
+"$python" -c 'import lightning_losses.functional; print("ok")'
+
+begin "losses.py float32 [32768, 1000], every case -> $out/losses_float32.md"
+"$python" benchmarks/losses.py --device "$device" --markdown "${small[@]}" \
+    | tee "$out/losses_float32.md"
+
+begin "losses.py bfloat16 [32768, 1000], every case -> $out/losses_bfloat16.md"
+"$python" benchmarks/losses.py --device "$device" --dtype bfloat16 --markdown "${small[@]}" \
+    | tee "$out/losses_bfloat16.md"
+
+begin "losses.py float32 [65536, 32000], [N, C] losses -> $out/losses_large_float32.md"
+"$python" benchmarks/losses.py --device "$device" --markdown "${large[@]}" \
+    --only "${large_cases[@]}" | tee "$out/losses_large_float32.md"
+
+begin "losses.py bfloat16 [65536, 32000], [N, C] losses -> $out/losses_large_bfloat16.md"
+"$python" benchmarks/losses.py --device "$device" --dtype bfloat16 --markdown "${large[@]}" \
+    --only "${large_cases[@]}" | tee "$out/losses_large_bfloat16.md"
+
+begin "lm_head.py float32 -> $out/lm_head_float32.md"
+"$python" benchmarks/lm_head.py --device "$device" --markdown "${shapes[@]}" \
+    | tee "$out/lm_head_float32.md"
+
+begin "lm_head.py bfloat16 -> $out/lm_head_bfloat16.md"
+"$python" benchmarks/lm_head.py --device "$device" --dtype bfloat16 --markdown "${shapes[@]}" \
+    | tee "$out/lm_head_bfloat16.md"
+
+echo
+echo "done in ${SECONDS} s; tables in $out"
