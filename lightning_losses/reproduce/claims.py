@@ -1,11 +1,12 @@
 """The claims that ``lightning-losses reproduce`` tests, each with its verdict rule.
 
-The runs of claims 2-8 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
+The runs of claims 2-9 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
 shipped config plus overrides each. On digits (claims 2-6) every trained variant uses the same
 MLP (128, 64), Adam (lr 0.003), batch 64, the same seeds and the same number of epochs within a
 claim (the ``*_long`` arms excepted, whose extra epochs are what they test); on MNIST-1D
-(claims 7-8) the recipe of the shipped ``configs/mnist1d_*.yaml``. Each loss keeps the
-hyper-parameters of its shipped config, with no per-loss tuning.
+(claims 7-8) the recipe of the shipped ``configs/mnist1d_*.yaml``; on the language model
+(claim 9, :mod:`~lightning_losses.reproduce.lm_claim`) that of ``configs/lm/lm_*.yaml``. Each
+loss keeps the hyper-parameters of its shipped config, with no per-loss tuning.
 
 Every comparison over seeds is decided by :func:`~lightning_losses.compare.decide.decide`
 (see :mod:`~lightning_losses.reproduce.spec`): a claimed difference (``<``, ``>``) must show

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from lightning_losses.reproduce.bins import BINS_ARTIFACT, SCALED_BINS_ARTIFACT, reliability_bins
+# torch and the bins are imported where used: claim 9's module reads the constants below, and
+# `lightning-losses reproduce --help` must not import torch.
 
 #: Held-out prompts per run, their length in tokens and the length of each continuation.
 PROMPTS = 32
@@ -60,6 +59,8 @@ def continuations(model: Any, datamodule: Any) -> dict[str, list[list[int]]]:
     Sampling draws from a generator seeded with the DataModule's seed, so a run's continuations
     are reproducible from its checkpoint.
     """
+    import torch
+
     from lightning_losses.lm.evaluation import evaluation_prompts, generate
 
     prompts = evaluation_prompts(
@@ -83,6 +84,11 @@ def post_fit_metrics(
     """
     from lightning_losses.calibration.posthoc.temperature import fit_temperature
     from lightning_losses.lm.evaluation import repetition_rate, token_metrics
+    from lightning_losses.reproduce.bins import (
+        BINS_ARTIFACT,
+        SCALED_BINS_ARTIFACT,
+        reliability_bins,
+    )
 
     metrics: dict[str, float] = {}
     val, val_logits, val_target = split_metrics(model, datamodule, "val")
@@ -112,6 +118,8 @@ def reference_metrics(reference: Any, texts: dict[str, list[list[int]]]) -> dict
     model gives a probability below :data:`LOW_PROBABILITY`, given the prompt and the earlier
     continuation tokens (:func:`~lightning_losses.lm.evaluation.continuation_probabilities`).
     """
+    import torch
+
     from lightning_losses.lm.evaluation import continuation_probabilities, low_probability_share
 
     prompts = torch.tensor(texts["prompts"])

@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning_losses.reproduce.language_model import (
+    CONTINUATION_LENGTH,
+    PROMPT_LENGTH,
+    PROMPTS,
+)
 from lightning_losses.reproduce.spec import Claim, Condition, Table, compare, mark, stats
 
 #: The variant whose verdicts decide the claim, and the other losses of the table.
@@ -151,6 +156,13 @@ def lm_markdown(table: Table) -> list[str]:
         "and the threshold b = 0.2 floors it: TaiLr is then nearly cross-entropy by "
         "construction, and a tie with CE is the expected outcome, not a failed run. The "
         "annealed gamma-CE arm (gamma 0 -> 0.5, b 0.2) is the strong form of the same weight.",
+        "",
+        "Reading (e): cross-entropy's own samples are scored by the model that drew them, so "
+        "its share is the floor that sampling from the reference itself gives, and another "
+        "loss's share above it says only that its samples differ from CE's; the proxy ranks the "
+        "other losses among themselves. Repetition and the low-probability share come from "
+        f"{PROMPTS} prompts of {PROMPT_LENGTH} test tokens continued for {CONTINUATION_LENGTH} "
+        "tokens, greedily and by sampling at temperature 1.",
     ]
     return lines
 

@@ -237,7 +237,7 @@ def test_tiny_fit_with_gamma_annealing_logs_perplexity_and_ece(datamodule, tmp_p
     torch.testing.assert_close(restored.output_bias, model.output_bias)
 
 
-@pytest.mark.parametrize("name", ["lm_ce", "lm_gamma_ce_annealed"])
+@pytest.mark.parametrize("name", sorted(path.stem for path in CONFIGS.glob("lm_*.yaml")))
 @pytest.mark.slow
 def test_configs_parse(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -247,6 +247,21 @@ def test_configs_parse(name, tmp_path, monkeypatch):
     assert cli.model.token_embedding.num_embeddings == cli.datamodule.vocab_size
     if "gamma" in name:
         assert any(isinstance(c, GammaAnnealing) for c in cli.trainer.callbacks)
+    expected = dict(CRITERIA.get(name, {})) or None
+    if expected is not None:  # the hyper-parameters the config's header states
+        criterion = cli.model.criterion
+        assert criterion.loss == expected.pop("loss")
+        for key, value in expected.items():
+            assert getattr(criterion, key) == value, key
+
+
+#: What each claim-9 config's header says its criterion is.
+CRITERIA = {
+    "lm_ce": {"loss": "ce"},
+    "lm_tailr": {"loss": "gamma_ce", "gamma": 1e-7, "threshold": 0.2},
+    "lm_focal": {"loss": "focal", "gamma": 3.0},
+    "lm_label_smoothing": {"loss": "ce", "label_smoothing": 0.1},
+}
 
 
 @pytest.mark.slow

@@ -254,12 +254,15 @@ def _dotted(config: dict, key: str):
 def test_experiment_files_parse_and_their_overrides_reach_the_cli(number, capsys) -> None:
     import yaml
 
+    from lightning_losses.lm.cli import main as lm_main
+
+    mains = {"classifier": cli_main, "lm": lm_main}  # the CLI of each experiment's program
     claim = CLAIMS[number]
     spec = yaml.safe_load(open(claim.experiment_file))
     assert [v.name for v in claim.variants] == [item["name"] for item in spec["variants"]]
     for variant, item in zip(claim.variants, spec["variants"], strict=True):
         with pytest.raises(SystemExit) as exit_info:
-            cli_main(
+            mains[variant.program](
                 [
                     "fit",
                     "--config",
