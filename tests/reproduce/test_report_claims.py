@@ -1,7 +1,7 @@
-"""The README's and the docs' claim-8 numbers are those of the committed report's appendix.
+"""The numbers of claims 8 and 9 in the README and the docs are the committed report's.
 
 The committed ``reports/REPORT.md`` lists every per-seed value (its appendix). This test reads
-claim 8's values back, recomputes the means the README cites and decides "(b) accuracy not
+claims 8's and 9's values back, recomputes the means the README cites and decides "(b) accuracy not
 below CE's by more than 0.01" with the non-inferiority rule
 (:func:`lightning_losses.compare.decide.non_inferior`), which the report's own (b) column must
 show too.
@@ -138,3 +138,61 @@ def test_the_report_s_own_column_b_is_the_recomputed_verdict(claim8):
         assert words[column_b.split()[0].rstrip(",")] == expected, variant
         rows += 1
     assert rows == 8
+
+
+# --- claim 9: the language model (README table, docs/reproduce.md) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def claim9():
+    return appendix(9)
+
+
+@pytest.mark.parametrize(
+    ("variant", "metric", "cited"),
+    [
+        ("ce", "rep/test_ppl", 110.2),
+        ("ce", "rep/test_ece", 0.1103),
+        ("ce", "rep/ts_test_ece", 0.0431),
+        ("ce", "rep/rep4_greedy", 0.2845),
+        ("ce", "rep/ce_lowprob_sampled", 0.1035),
+        ("tailr", "rep/test_ppl", 110.1),
+        ("tailr", "rep/test_ece", 0.113),
+        ("tailr", "rep/ts_test_ece", 0.043),
+        ("tailr", "rep/rep4_greedy", 0.2442),
+        ("tailr", "rep/ce_lowprob_sampled", 0.1193),
+        ("gamma_annealed", "rep/test_ppl", 160.7),
+        ("gamma_annealed", "rep/test_ece", 0.2472),
+        ("gamma_annealed", "rep/ts_test_ece", 0.0746),
+        ("gamma_annealed", "rep/rep4_greedy", 0.3672),
+        ("gamma_annealed", "rep/ce_lowprob_sampled", 0.1941),
+        ("focal_3", "rep/test_ppl", 107.7),
+        ("focal_3", "rep/test_ece", 0.0658),
+        ("focal_3", "rep/ts_test_ece", 0.0523),
+        ("focal_3", "rep/rep4_greedy", 0.2636),
+        ("focal_3", "rep/ce_lowprob_sampled", 0.1453),
+        ("label_smoothing", "rep/test_ppl", 89.2),
+        ("label_smoothing", "rep/test_ece", 0.0715),
+        ("label_smoothing", "rep/ts_test_ece", 0.0452),
+        ("label_smoothing", "rep/rep4_greedy", 0.2797),
+        ("label_smoothing", "rep/ce_lowprob_sampled", 0.2109),
+    ],
+)
+def test_cited_language_model_means_are_the_appendix_means(claim9, variant, metric, cited):
+    values = claim9[(variant, metric)]
+    assert len(values) == 5
+    digits = len(str(cited).split(".")[1])
+    assert round(float(values.mean()), digits) == pytest.approx(cited)
+
+
+def test_tailr_s_cited_verdicts_are_the_recomputed_ones(claim9):
+    """(b) holds, (a) and (c) undecided, (d) fails: as the README and the Evidence page say."""
+    tailr = {m: claim9[("tailr", m)] for m in ("rep/test_nll", "rep/test_ece", "rep/rep4_greedy")}
+    ce = {m: claim9[("ce", m)] for m in (*tailr, "rep/ts_test_ece")}
+    nll = decide(tailr["rep/test_nll"] - ce["rep/test_nll"], margin=0.05, higher_is_better=False)
+    assert non_inferior(nll, 0.05, higher_is_better=False)[0] == "holds"
+    for metric in ("rep/test_ece", "rep/rep4_greedy"):
+        decision = decide(tailr[metric] - ce[metric], margin=0.0, higher_is_better=False)
+        assert decision.verdict == "undecided", metric
+    scaled = decide(tailr["rep/test_ece"] - ce["rep/ts_test_ece"], margin=0.005)
+    assert scaled.low > 0.005  # CE + TS below TaiLr beyond noise and beyond the margin
