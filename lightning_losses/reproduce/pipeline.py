@@ -51,8 +51,6 @@ __all__ = ["reproduce", "reproduce_all", "reproduce_claim", "run_claim", "run_co
 
 #: Tracking URI used when neither ``--tracking-uri`` nor ``MLFLOW_TRACKING_URI`` is set.
 DEFAULT_URI = "sqlite:///mlflow.db"
-#: A reused run that took this long under ``--post-fit-only`` was completed (for the ETA).
-COMPLETION_SECONDS = 1.0
 
 
 def threshold_run(
@@ -115,13 +113,13 @@ def _run_one(
     since_ms: int | None = None,
     post_fit_only: bool = False,
     train_missing: bool = False,
-) -> tuple[str, bool, float]:
+) -> tuple[str, bool, bool, float]:
     started = time.perf_counter()
     with fit_output_aside():  # the progress line says what matters; the run is in MLflow
-        run_id, reused = run_or_reuse(
+        result = run_or_reuse(
             claim, variant, seed, scale, tracking_uri, out, since_ms, post_fit_only, train_missing
         )
-    return run_id, reused, time.perf_counter() - started
+    return result.run_id, result.reused, result.completed, time.perf_counter() - started
 
 
 def run_claim(
@@ -172,11 +170,10 @@ def run_claim(
             traceback.print_exception(outcome)
             print(f"{where}: FAILED ({outcome})", flush=True)
             return
-        run_id, reused, seconds = outcome
+        run_id, reused, completed, seconds = outcome
         runs[(variant.name, seed)] = run_id
         reused_count += reused
         # the pace: fits, and with --post-fit-only the runs completed from their checkpoints
-        completed = post_fit_only and reused and seconds >= COMPLETION_SECONDS
         trained_count += not reused or completed
         eta = eta_text(time.perf_counter() - started, trained_count, len(tasks) - k)
         state = "reused" if reused else f"{seconds:.1f} s"

@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -495,6 +495,18 @@ def curve_summary(client: MlflowClient, run_id: str) -> dict[str, float]:
     return {"test_nll_min": min(history), "test_nll_rise": history[-1] - min(history)}
 
 
+class RunResult(NamedTuple):
+    """What :func:`run_or_reuse` did with one variant and seed.
+
+    ``run_id``: the run; ``reused``: an existing complete run; ``completed``: its missing
+    post-fit metrics were computed from its checkpoint and logged by this call.
+    """
+
+    run_id: str
+    reused: bool
+    completed: bool = False
+
+
 def run_or_reuse(
     claim: Claim,
     variant: Variant,
@@ -505,7 +517,7 @@ def run_or_reuse(
     since_ms: int | None = None,
     post_fit_only: bool = False,
     train_missing: bool = False,
-) -> tuple[str, bool]:
+) -> RunResult:
     """Run id of ``variant`` with ``seed``: an existing complete run, else a new one.
 
     An existing run counts only with the same tags (:func:`run_tags`: the same config,
@@ -519,7 +531,8 @@ def run_or_reuse(
     ``train_missing`` (``reproduce --reuse-trained``), which trains the run then.
 
     Returns:
-        ``(run_id, reused)``.
+        ``RunResult(run_id, reused, completed)``: ``completed`` when a reused run's missing
+        post-fit metrics were computed and logged by this call.
     """
     epochs = variant.scaled_epochs(scale)
     client = client_for(tracking_uri)
@@ -528,11 +541,11 @@ def run_or_reuse(
         client, tags, since_ms
     )
     if found is not None:
-        return found, True
+        return RunResult(found, True)
     if post_fit_only:
         found = find_trained_run(client, variant, seed, epochs)
         if found is None and train_missing:
-            return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
+            return RunResult(train_variant(claim, variant, seed, epochs, tracking_uri, out), False)
         if found is None:
             raise LookupError(
                 f"--post-fit-only trains nothing, and no complete run of {variant.name} with "
@@ -540,9 +553,9 @@ def run_or_reuse(
                 "in this layout or an earlier one) is in the store; run without "
                 "--post-fit-only to train it"
             )
-        complete_post_fit(client, found, runs_folder(tracking_uri, out))
-        return found, True
-    return train_variant(claim, variant, seed, epochs, tracking_uri, out), False
+        completed = complete_post_fit(client, found, runs_folder(tracking_uri, out))
+        return RunResult(found, True, completed)
+    return RunResult(train_variant(claim, variant, seed, epochs, tracking_uri, out), False)
 
 
 #: Most spellings of a config tried by :func:`layout_fingerprints`.

@@ -446,10 +446,12 @@ def test_a_fingerprint_that_reads_as_a_number_is_still_reused(tmp_path, monkeypa
         fixed_variants=(variant,),
     )
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    first, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
+    first, reused, completed = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
     assert not reused
-    again, reused = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
+    assert not completed
+    again, reused, completed = run_or_reuse(claim, variant, 0, 1.0, uri, tmp_path / "out")
     assert reused
+    assert not completed  # a run of this code version: nothing to complete
     assert again == first
 
 

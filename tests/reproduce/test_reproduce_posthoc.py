@@ -317,7 +317,9 @@ def shrunk_ce(folder: Path, test_samples: int = 200) -> Variant:
 
 
 @pytest.mark.slow
-def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypatch) -> None:
+def test_post_fit_only_completes_runs_of_another_code_version(
+    tmp_path, monkeypatch, capsys
+) -> None:
     from mlflow.tracking import MlflowClient
 
     from lightning_losses.data.mnist1d import MNIST1DDataModule
@@ -352,8 +354,11 @@ def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypa
     client.log_metric(run_1, "rep/test_ece", stored[run_1]["rep/test_ece"], step=2)
     # Another code version: without --post-fit-only nothing would be reused; with it, the
     # old runs are completed from their checkpoints and nothing is trained.
+    capsys.readouterr()
     second = invocation("0.1.0+src.bbbbbbbbbbbb", post_fit_only=True)
     assert not second.failures
+    # The progress lines say which runs were completed: both, and only by this invocation.
+    assert capsys.readouterr().out.count("(reused, post-fit metrics completed in ") == 2
     assert second.runs == runs
     assert second.reused == 2
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 2
@@ -398,6 +403,7 @@ def test_post_fit_only_completes_runs_of_another_code_version(tmp_path, monkeypa
     # Completed runs are not completed again by a later version.
     third = invocation("0.1.0+src.cccccccccccc", post_fit_only=True)
     assert third.runs == runs
+    assert "post-fit metrics completed" not in capsys.readouterr().out
     for run_id in runs.values():
         assert len(client.get_metric_history(run_id, "rep/ph_best_test_ece")) == 1
         tags = client.get_run(run_id).data.tags
