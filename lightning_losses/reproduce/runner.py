@@ -60,9 +60,14 @@ POSTHOC_FOLDS = 5
 METRICS_PER_BATCH = 500
 #: Tag of a run whose post-fit metrics a later code version completed (``--post-fit-only``).
 POST_FIT_VERSION_TAG = "lightning_losses.post_fit_code_version"
-#: Post-fit metrics that later code added, by the metric marking the runs that get them: a
-#: multiclass run (it has ``temperature``) gets the post-hoc arms (``ph_best_test_ece``...).
-ADDED_POST_FIT = {"temperature": "ph_best_test_ece"}
+#: Post-fit metrics that later code added, by program (:data:`~.spec.PROGRAMS`) and by the
+#: metric marking the runs that get them: a multiclass run (it has ``temperature``) gets the
+#: post-hoc arms (``ph_best_test_ece``...); the language model's metrics have all been there
+#: since its first run.
+ADDED_POST_FIT: dict[str, dict[str, str]] = {
+    "classifier": {"temperature": "ph_best_test_ece"},
+    "lm": {},
+}
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -553,7 +558,8 @@ def run_or_reuse(
                 "in this layout or an earlier one) is in the store; run without "
                 "--post-fit-only to train it"
             )
-        completed = complete_post_fit(client, found, runs_folder(tracking_uri, out))
+        folder = runs_folder(tracking_uri, out)
+        completed = complete_post_fit(client, found, folder, variant.program)
         return RunResult(found, True, completed)
     return RunResult(train_variant(claim, variant, seed, epochs, tracking_uri, out), False)
 
@@ -690,22 +696,25 @@ def load_fitted_run(folder: Path) -> tuple[Any, Any]:
     return model, datamodule
 
 
-def needs_completion(stored: dict[str, float]) -> bool:
-    """Whether a run lacks post-fit metrics that this code adds (:data:`ADDED_POST_FIT`)."""
+def needs_completion(stored: dict[str, float], program_name: str = "classifier") -> bool:
+    """Whether a run of ``program_name`` lacks post-fit metrics this code adds (:data:`ADDED_POST_FIT`)."""  # noqa: E501
     return any(
         PREFIX + marker in stored and PREFIX + added not in stored
-        for marker, added in ADDED_POST_FIT.items()
+        for marker, added in ADDED_POST_FIT[program_name].items()
     )
 
 
-def complete_post_fit(client: MlflowClient, run_id: str, folder: Path) -> bool:
+def complete_post_fit(
+    client: MlflowClient, run_id: str, folder: Path, program_name: str = "classifier"
+) -> bool:
     """Log the post-fit metrics a run lacks, computed from its last checkpoint; whether it did.
 
     Nothing happens unless :func:`needs_completion`. The model of ``<folder>/<experiment
-    id>/<run id>/checkpoints/last.ckpt`` (:func:`load_fitted_run`) is scored again by
-    :func:`post_fit_metrics`; every metric the run already has must come out exactly as
-    stored (the checkpoint holds the weights the run's numbers came from), else nothing is
-    logged. Then the missing metrics and the new tags are logged, with
+    id>/<run id>/checkpoints/last.ckpt`` (:func:`load_fitted_run`) is scored again by its
+    program's post-fit metrics (:func:`program`; ``program_name`` is the variant's
+    ``program``, :func:`post_fit_metrics` for a classifier); every metric the run already
+    has must come out exactly as stored (the checkpoint holds the weights the run's numbers
+    came from), else nothing is logged. Then the missing metrics and the new tags are logged, with
     :data:`POST_FIT_VERSION_TAG` set to this code version.
 
     Raises:
@@ -713,10 +722,10 @@ def complete_post_fit(client: MlflowClient, run_id: str, folder: Path) -> bool:
     """
     run = client.get_run(run_id)
     stored = read_metrics(client, run_id)
-    if not needs_completion(stored):
+    if not needs_completion(stored, program_name):
         return False
     model, datamodule = load_fitted_run(folder / run.info.experiment_id / run_id)
-    metrics, _, tags = post_fit_metrics(model, datamodule)
+    metrics, _, tags = program(program_name)[1](model, datamodule)
     differ = {
         key: (value, stored[PREFIX + key])
         for key, value in metrics.items()

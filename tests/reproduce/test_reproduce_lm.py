@@ -99,6 +99,18 @@ def test_missing_variants_leave_the_verdict_missing_not_supported():
     assert {c.outcome for c in conditions} == {"missing"}
 
 
+def test_completion_is_decided_by_the_program_of_the_run():
+    """A language-model run is never "completed" by the classifier's post-hoc arms."""
+    from lightning_losses.reproduce.runner import ADDED_POST_FIT, needs_completion
+    from lightning_losses.reproduce.spec import PROGRAMS
+
+    assert set(ADDED_POST_FIT) == set(PROGRAMS)
+    stored = {"rep/temperature": 1.3, "rep/test_ece": 0.1}
+    assert needs_completion(stored, "classifier")
+    assert not needs_completion(stored, "lm")
+    assert not needs_completion({**stored, "rep/ph_best_test_ece": 0.01}, "classifier")
+
+
 # --- the shrunk claim end to end ----------------------------------------------------------------
 
 SHRUNK = (
