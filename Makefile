@@ -5,12 +5,20 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-fast lint docs demo bench clean
+.PHONY: package venv test test-fast lint docs demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# What the demo needs and nothing more: torch (the CPU build unless TORCH says otherwise) and
+# the package with its run-time dependencies.
+package: $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e .
+
+# The package with the dev tools (pytest, hypothesis, ruff, mypy, mkdocs): what test, lint and
+# docs need. Every make installs again what is missing, so `make demo` then `make test` gets them.
 venv: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
@@ -41,7 +49,8 @@ test:
 test-fast: venv
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
 
-demo: venv
+# The demo installs the package only (no test tools, no dirichletcal): see `package`.
+demo: package
 	$(BIN)/python scripts/demo.py
 
 bench: venv

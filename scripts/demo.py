@@ -1,14 +1,23 @@
-"""The main job: fit a few shipped configs with the CLI and print one comparison table.
+"""The main job: fit a few shipped configs with the CLI and print their results, task by task.
 
 Each run is ``lightning-losses fit --config configs/<name>.yaml`` (in this process, through
 :func:`lightning_losses.cli.fit.run_fit`), the same model, data split, budget and seed for every
 loss. While it runs, one line per config: ``[3/10] digits_focal ... 2.9 s, ETA 20 s``; no
 progress bars, and Lightning's and MLflow's info lines, tips and each fit's summary lines stay
 out of the terminal. A warning raised
-by a run is printed once, at the end, with the configs that raised it. The table reports the
-validation accuracy, negative log-likelihood and expected calibration error (from the configs'
-CalibrationMonitor) after the last epoch, and the time of one training epoch. Every run is
-tracked in MLflow (``sqlite:///mlflow.db`` in the working directory).
+by a run is printed once, at the end, with the configs that raised it. The results, on the
+validation split after the last epoch, come in one table per kind of task, since their numbers
+do not compare across kinds:
+
+- multiclass (ten digits): accuracy, negative log-likelihood and expected calibration error
+  (from the configs' CalibrationMonitor);
+- the rare class (binary, about 5% positives, where scoring every sample negative has an
+  accuracy of about 0.95): PR-AUC, F1 at 0.5, recall at precision >= 0.9 (as claim 4 of
+  ``lightning-losses reproduce`` measures them) and the ECE of the positive-class probability;
+- multi-label and n-by-m: accuracy per label / per task, NLL and ECE.
+
+Each table's ``s/epoch`` is the wall time of the last training epoch. Every run is tracked in
+MLflow (``sqlite:///mlflow.db`` in the working directory).
 
 Usage: ``python scripts/demo.py [EPOCHS]`` (default 20), or ``make demo``.
 """
@@ -66,7 +75,7 @@ def run(name: str, epochs: int, seen: dict[str, list[str]]) -> dict[str, object]
     for warning in caught:
         seen.setdefault(str(warning.message).strip(), []).append(name)
     metrics = cli.trainer.callback_metrics
-    return {
+    row: dict[str, object] = {
         "config": name,
         "loss": type(cli.model.criterion).__name__,
         "task": cli.model.task,
@@ -74,8 +83,24 @@ def run(name: str, epochs: int, seen: dict[str, list[str]]) -> dict[str, object]
         "nll": float(metrics["val/nll"]),
         "ece": float(metrics["val/ece"]),
         "epoch_s": float(metrics["time/epoch_seconds"]),
-        "total_s": time.perf_counter() - started,
     }
+    if row["task"] == "binary":
+        row.update(rare_class(cli))
+    row["total_s"] = time.perf_counter() - started
+    return row
+
+
+def rare_class(cli: object) -> dict[str, float]:
+    """PR-AUC, F1 and recall at precision 0.9 on the validation split, and its positive share.
+
+    The functions claim 4 of ``lightning-losses reproduce`` scores the rare class with.
+    """
+    from lightning_losses.reproduce.runner import binary_metrics, predict_logits
+
+    logits, target = predict_logits(cli.model, cli.datamodule, "val")  # type: ignore[attr-defined]
+    scores = binary_metrics(logits, target)
+    scores["positives"] = float(target.float().mean())
+    return {k: scores[k] for k in ("pr_auc", "f1", "recall_at_p90", "positives")}
 
 
 def progress_line(k: int, n: int, name: str, seconds: float, elapsed: float) -> str:
@@ -89,23 +114,73 @@ def progress_line(k: int, n: int, name: str, seconds: float, elapsed: float) -> 
     return f"[{k}/{n}] {name:34s} ... {seconds:.1f} s, ETA {eta:.0f} s"
 
 
-def print_table(rows: list[dict[str, object]], epochs: int) -> None:
-    """Print the demo's results, one row per config."""
-    print(f"\nlightning-losses demo: {epochs} epochs each, validation split after the last epoch")
-    header = (
-        f"{'config':34s} {'loss':38s} {'task':10s} {'acc':>7s} {'NLL':>7s} {'ECE':>7s} "
-        f"{'epoch s':>8s}"
+#: The tables: (title, tasks, columns), a column as (header, row key, width, format).
+TABLES = [
+    (
+        "Multiclass (ten digits)",
+        ("multiclass",),
+        [("acc", "acc", 7, ".4f"), ("NLL", "nll", 7, ".4f"), ("ECE", "ece", 7, ".4f")],
+    ),
+    (
+        "Rare class (binary; accuracy does not compare: all-negative scores 1 - positives)",
+        ("binary",),
+        [
+            ("positives", "positives", 9, ".1%"),
+            ("PR-AUC", "pr_auc", 7, ".4f"),
+            ("F1", "f1", 7, ".4f"),
+            ("R@P0.9", "recall_at_p90", 7, ".4f"),
+            ("ECE", "ece", 7, ".4f"),
+        ],
+    ),
+    (
+        "Multi-label and n-by-m: acc per label (multilabel), target ranked first per task (nm)",
+        ("multilabel", "nm"),
+        [
+            ("task", "task", 10, "s"),
+            ("acc", "acc", 7, ".4f"),
+            ("NLL", "nll", 7, ".4f"),
+            ("ECE", "ece", 7, ".4f"),
+        ],
+    ),
+]
+
+
+def table_lines(rows: list[dict[str, object]], title: str, columns: list) -> list[str]:
+    """One table: its title, header, rule and one line per row (each ends with ``s/epoch``).
+
+    Example:
+        >>> row = {"config": "digits_ce", "loss": "CrossEntropyLoss", "acc": 0.9, "epoch_s": 0.1}
+        >>> for line in table_lines([row], "Multiclass", [("acc", "acc", 7, ".4f")]):
+        ...     print(line.rstrip())
+        Multiclass
+        config    loss                 acc  s/epoch
+        -------------------------------------------
+        digits_ce CrossEntropyLoss  0.9000    0.100
+    """
+    columns = [*columns, ("s/epoch", "epoch_s", 8, ".3f")]
+    name = max(len("config"), *(len(str(r["config"])) for r in rows))
+    loss = max(len("loss"), *(len(str(r["loss"])) for r in rows))
+    header = f"{'config':{name}s} {'loss':{loss}s}" + "".join(
+        f" {h:>{w}s}" for h, _, w, _ in columns
     )
-    print(header)
-    print("-" * len(header))
+    lines = [title, header, "-" * len(header)]
     for r in rows:
-        print(
-            f"{r['config']:34s} {r['loss']:38s} {r['task']:10s} {r['acc']:7.4f} "
-            f"{r['nll']:7.4f} {r['ece']:7.4f} {r['epoch_s']:8.3f}"
-        )
-    print("NLL: softmax cross-entropy (multiclass, per task for nm) or sigmoid BCE (binary,")
+        cells = "".join(f" {format(r[key], fmt):>{w}s}" for _, key, w, fmt in columns)
+        lines.append(f"{r['config']:{name}s} {r['loss']:{loss}s}{cells}")
+    return lines
+
+
+def print_table(rows: list[dict[str, object]], epochs: int) -> None:
+    """Print the demo's results: one table per kind of task, then where the runs are."""
+    print(f"\nlightning-losses demo: {epochs} epochs each, validation split after the last epoch")
+    for title, tasks, columns in TABLES:
+        chosen = [r for r in rows if r["task"] in tasks]
+        if chosen:
+            print("\n".join(["", *table_lines(chosen, title, columns)]))
+    print("\nNLL: softmax cross-entropy (multiclass, per task for nm) or sigmoid BCE (binary,")
     print("multi-label) of the model's probabilities, whatever loss trained it.")
     print("ECE: top-label, 15 equal-width bins (binary: the positive-class probability).")
+    print("R@P0.9: recall at precision >= 0.9. s/epoch: wall time of the last training epoch.")
     # The hints as this shell can run them: bare where the interpreter's scripts folder is on
     # PATH (an activated venv), else by that folder's path (`.venv/bin/...` after `make demo`).
     scripts = Path(sys.executable).parent

@@ -58,6 +58,10 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert 'id="lightning_losses.functional.focal_loss"' in api  # the API page was generated
     callbacks = (tmp_path / "site" / "api" / "callbacks" / "index.html").read_text("utf-8")
     assert "GammaAnnealing" in callbacks
+    # The home page is the README's text (docs/readme_page.py), its links to the site's pages.
+    home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "Which loss should I start with" in home
+    assert 'href="reproduce/#the-committed-report-which-code-made-which-numbers"' in home
     check_api_cross_references(tmp_path / "site")
 
 
