@@ -39,6 +39,12 @@ from lightning_losses.cli.config_files import (
     ConfigNotFoundError,
     resolve_config_args,
 )
+from lightning_losses.cli.failures import (
+    DivergenceCheck,
+    failures_in_one_line,
+    learning_rate_option,
+    missing_requirement,
+)
 from lightning_losses.cli.parser import (
     LossesArgumentParser,
     constructor_errors_in_one_line,
@@ -222,7 +228,36 @@ class TrackingCLI(LightningCLI):
     ``fit --ckpt_path`` continues the run the checkpoint was saved under, in its store and
     run folder, from any working directory (:func:`continue_checkpoint_run`); ``validate``,
     ``test`` and ``predict`` with a checkpoint log into that run too.
+
+    A fit that diverges (its loss or logits NaN or infinite) or whose ``16-true``/``bf16-true``
+    weights turn non-finite ends with one line, ``PROG COMMAND: error: CAUSE: FIX``, exit status
+    1, its MLflow run FAILED and tagged ``lightning_losses.failure``; a precision the machine
+    cannot run (``transformer-engine`` without the package) is one line too
+    (:mod:`lightning_losses.cli.failures`). ``PROG`` is :attr:`error_prog`.
     """
+
+    #: The program named in the error lines (a subclass may name its own command).
+    error_prog = PROG
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer, with a :class:`~lightning_losses.cli.failures.DivergenceCheck` first."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        try:
+            trainer: Any = super().instantiate_trainer(**kwargs)
+        except ImportError as error:  # a precision plugin's package (transformer-engine)
+            precision = ((config or {}).get("trainer") or {}).get("precision")
+            prog = f"{self.error_prog} {self.subcommand}" if self.subcommand else self.error_prog
+            print(f"{prog}: error: {missing_requirement(precision, error)}", file=sys.stderr)
+            raise SystemExit(USAGE_ERROR) from None
+        check = DivergenceCheck(lr_option=learning_rate_option(config))
+        trainer.callbacks.insert(0, check)  # Trainer.callbacks: the list the trainer calls
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the command; a diverged fit ends in one line (:func:`failures_in_one_line`)."""
+        trainer = getattr(self, "trainer", None)
+        with failures_in_one_line(trainer, f"{self.error_prog} {subcommand}"):
+            super()._run_subcommand(subcommand)
 
     def before_instantiate_classes(self) -> None:
         """Fill in each TrackingLogger's run from the checkpoint; stop early on a dead server."""
@@ -473,8 +508,20 @@ def _command_line_aside() -> Iterator[None]:
         sys.argv[1:] = kept
 
 
-def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any) -> LossesCLI:
+def main(
+    args: Sequence[str] | None = None,
+    run: bool = True,
+    *,
+    cli_class: type[LossesCLI] = LossesCLI,
+    model_class: type[L.LightningModule] = ClassifierModule,
+    datamodule_class: type[L.LightningDataModule] = L.LightningDataModule,
+    **cli_kwargs: Any,
+) -> LossesCLI:
     """Run the CLI (``args`` defaults to the command line) and return it.
+
+    ``cli_class``, ``model_class`` and ``datamodule_class`` (default :class:`LossesCLI` over
+    ``ClassifierModule``) let another command run through the same path: ``lightning-losses
+    lm`` (:func:`lightning_losses.lm.cli.main`).
 
     With ``args`` given, the process's own command line is set aside while the CLI runs (it
     is not the CLI's). A string for ``args`` is a TypeError. ``--verbose`` anywhere in the
@@ -508,9 +555,7 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
         kwargs["trainer_defaults"] = with_preemption(kwargs.get("trainer_defaults"), sys.argv[1:])
         sys.argv[1:] = _with_default_config(sys.argv[1:])
         with command_output(verbose), preempted_exit():
-            return LossesCLI(
-                ClassifierModule, L.LightningDataModule, run=run, verbose=verbose, **kwargs
-            )
+            return cli_class(model_class, datamodule_class, run=run, verbose=verbose, **kwargs)
     if isinstance(args, str):
         raise TypeError(
             f"args must be a sequence of strings such as ['fit', '--config', 'x.yaml'], "
@@ -519,9 +564,9 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
     args, verbose = take_verbose_flag(args)
     kwargs["trainer_defaults"] = with_preemption(kwargs.get("trainer_defaults"), args)
     with _command_line_aside(), command_output(verbose), preempted_exit():
-        return LossesCLI(
-            ClassifierModule,
-            L.LightningDataModule,
+        return cli_class(
+            model_class,
+            datamodule_class,
             args=_with_default_config(args),
             run=run,
             verbose=verbose,

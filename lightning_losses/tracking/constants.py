@@ -21,5 +21,8 @@ RESUME_TAG = "resume."
 #: Tags naming the host and process that log a run (to tell a killed run from a live one).
 HOST_TAG = "tracking.host"
 PID_TAG = "tracking.pid"
+#: The tag of a run that ended FAILED: one line naming the cause (``the training loss became
+#: nan at step 12, epoch 0: ...``, ``non-finite weight ... under trainer.precision=16-true``).
+FAILURE_TAG = "lightning_losses.failure"
 #: The kinds of spool records.
 SPOOL_KINDS = ("metrics", "params", "tags", "artifact", "terminate")

@@ -23,6 +23,7 @@ from lightning_losses.tracking.async_log import BackgroundSender
 from lightning_losses.tracking.constants import (
     DEFAULT_EXPERIMENT,
     DEFAULT_SAVE_DIR,
+    FAILURE_TAG,
     RESUME_TAG,
     SPOOL_NAME,
 )
@@ -182,6 +183,8 @@ class TrackingLogger(MLFlowLogger):
         #: A resume read but not yet recorded: (marker index, previous status); see _start_run.
         self._pending_resume: tuple[int, str] | None = None
         self._ended_killed = False
+        #: Whether the resumed run carries the failure tag of an earlier attempt.
+        self._failure_tagged = False
         self._spooled_steps: set[tuple[str, int]] = set()
         #: Metrics are sent by a background thread (:meth:`log_metrics`); the values queued
         #: at the latest step, so that a repeat of one (Lightning's ``epoch``) is sent once.
@@ -255,6 +258,7 @@ class TrackingLogger(MLFlowLogger):
         run_id = str(self._run_id)
         run = self._mlflow_client.get_run(run_id)
         previous = run.info.status
+        self._failure_tagged = FAILURE_TAG in run.data.tags
         if previous == "RUNNING":
             pid = _recorded_pid(run.data.tags)
             if pid is not None and pid != os.getpid() and _process_exists(pid):
@@ -273,7 +277,8 @@ class TrackingLogger(MLFlowLogger):
         before them). The marker ``resume.<k>`` (``k``: one more than the run's last) is
         ``Resume(step=resume_step, time_ms=now, previous_status=...)`` (:meth:`_read_resume`),
         set with this process's tags. The run is set ``RUNNING`` for the resumed fit, which
-        ends it ``FINISHED``, ``FAILED`` or ``KILLED``. The spool of the run loses what the
+        ends it ``FINISHED``, ``FAILED`` or ``KILLED``; the failure tag of an earlier attempt
+        (:meth:`record_failure`) is removed. The spool of the run loses what the
         marker supersedes, so that it never holds two values for one (metric, step).
         """
         pending, self._pending_resume = self._pending_resume, None
@@ -283,6 +288,8 @@ class TrackingLogger(MLFlowLogger):
         marker = Resume(int(self._resume_step or 0), now_ms(), previous)
         try:
             self._mlflow_client.update_run(str(self._run_id), status="RUNNING")
+            if self._failure_tagged:  # the earlier attempt's cause no longer describes the run
+                self._mlflow_client.delete_tag(str(self._run_id), FAILURE_TAG)
         except Exception:  # the store is away: the run's end is spooled as usual
             pass
         self._drop_superseded_spool(marker)
@@ -452,6 +459,17 @@ class TrackingLogger(MLFlowLogger):
                 self.experiment.set_tag(self.run_id, key, value)
         except Exception as error:
             self._spool({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}}, error)
+
+    @rank_zero_only
+    def record_failure(self, cause: str) -> None:
+        """Tag the run with why it fails (:data:`FAILURE_TAG`), before :meth:`finalize` ends it.
+
+        Only a run that has started is tagged: a fit that fails before its first use of the
+        store (a bad option, a refused resume) creates no run for it. The cause is one line,
+        cut to MLflow's 5,000 characters of a tag value.
+        """
+        if self._initialized and self._pending_resume is None:
+            self.set_tags({FAILURE_TAG: " ".join(cause.split())[:5000]})
 
     @rank_zero_only
     def log_file(
