@@ -17,7 +17,12 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.artifacts import (
+    artifact_loggers,
+    diagram_task,
+    diagram_title,
+    figure_folder,
+)
 from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.checks import check_flag, sum_tolerances
@@ -39,21 +44,23 @@ def _draw(
     title: str,
     loggers: list[Any],
     level: float | None = None,
+    task: str = "multiclass",
 ) -> None:
     """The binned diagram at ``paths[0]`` and, with a grid, the smoothed one at ``paths[1]``.
 
-    ``level``: draw each bin's Wilson interval of its accuracy at that level.
+    ``level``: draw each bin's Wilson interval of its accuracy at that level; ``task``: what
+    the bins hold, for the axes (binary: ``P(positive)``).
     """
     from lightning_losses.calibration.diagram import reliability_diagram
 
     bins, grid = state
     paths[0].parent.mkdir(parents=True, exist_ok=True)
-    reliability_diagram(*bins, path=paths[0], title=title, level=level)
+    reliability_diagram(*bins, path=paths[0], title=title, level=level, task=task)
     written = [paths[0]]
     if grid is not None:
         from lightning_losses.calibration.smooth_diagram import smooth_reliability_diagram
 
-        smooth_reliability_diagram(*grid, path=paths[1], title=title)
+        smooth_reliability_diagram(*grid, path=paths[1], title=title, task=task)
         written.append(paths[1])
     for path in written:
         for log_file in loggers:
@@ -231,6 +238,7 @@ class CalibrationMonitor(Callback):
         self._own_keys: set[str] = set()  # keys this monitor has logged
         self._other_keys: set[str] = set()  # keys the module (or anyone else) logs
         self._checkpoint_epoch: int | None = None  # epoch of the checkpoint loaded, if any
+        self._task = "multiclass"  # what the bins hold (from the first batch): the axes
 
     def _build(self) -> dict[str, Any]:
         from lightning_losses.calibration import metrics as CM
@@ -272,6 +280,7 @@ class CalibrationMonitor(Callback):
     ) -> None:
         logits, target = calibration_inputs(outputs, pl_module, self._read)
         if stage not in self._checked:
+            self._task = diagram_task(logits, target)  # for the diagrams' axes
             self._check_targets(stage, logits, target, pl_module)
             self._check_probabilities(stage, logits, target)
             self._checked.add(stage)
@@ -405,7 +414,8 @@ class CalibrationMonitor(Callback):
         suffix = "untrained" if epoch is None else f"epoch={epoch:03d}"
         folder = figure_folder(trainer)
         paths = (folder / f"{stage}_{suffix}.png", folder / f"{stage}_smooth_{suffix}.png")
-        title = f"{stage}, untrained model" if epoch is None else f"{stage}, epoch {epoch}"
+        what = f"{stage}, untrained model" if epoch is None else f"{stage}, epoch {epoch}"
+        title = diagram_title(trainer, what)  # the run, its loss, then what
         loggers = artifact_loggers(trainer)
         bins, grid = state
         bins = tuple(b.detach().cpu() for b in bins)
@@ -414,7 +424,7 @@ class CalibrationMonitor(Callback):
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagram")
         level = self.level if self.intervals else None
         self._pending.append(
-            self._executor.submit(_draw, (bins, grid), paths, title, loggers, level)
+            self._executor.submit(_draw, (bins, grid), paths, title, loggers, level, self._task)
         )
         self.last_diagram = paths[0]
         self.last_smooth_diagram = paths[1] if grid is not None else None

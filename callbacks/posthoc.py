@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.artifacts import artifact_loggers, diagram_title, figure_folder
 from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import (
     OutputAdapter,
@@ -651,7 +651,7 @@ class PostHocCalibration(Callback):
         self.last_diagrams = []
         for label, sums, name in (("raw", bins[0], "raw"), ("calibrated", bins[1], method)):
             path = folder / f"posthoc_{stage}_{label}_{suffix}.png"
-            reliability_diagram(*sums, path=path, title=f"{title}, {name}")
+            reliability_diagram(*sums, path=path, title=diagram_title(trainer, f"{title}, {name}"))
             self.last_diagrams.append(path)
             for log_file in loggers:
                 log_file(str(path), artifact_path="calibration")

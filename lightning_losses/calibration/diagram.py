@@ -27,16 +27,65 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_losses.functional.checks import check_fraction
+from lightning_losses.functional.checks import check_choice, check_fraction
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["gamma_diagram", "reliability_diagram", "save_reliability_diagram", "wilson_interval"]
+__all__ = [
+    "axis_labels",
+    "gamma_diagram",
+    "panel_title",
+    "reliability_diagram",
+    "save_reliability_diagram",
+    "wilson_interval",
+]
 
 #: Figure size in inches and resolution of the saved PNG (500 x 600 pixels).
 FIGSIZE = (5.0, 6.0)
 DPI = 100
+#: What a diagram's axes show, by task: (x axis, y axis). Multiclass bins the top label's
+#: probability against how often it is right; binary bins the positive-class probability
+#: against how often the sample is positive, multi-label each label's probability against how
+#: often that label is on (as :func:`~lightning_losses.calibration.functional.calibration_error`
+#: bins them).
+AXES = {
+    "multiclass": ("Confidence", "Accuracy"),
+    "binary": ("P(positive)", "Observed positive frequency"),
+    "multilabel": ("P(label)", "Observed label frequency"),
+}
+#: Characters of a title line before it wraps (the panel is 5 inches wide), and their size.
+TITLE_WIDTH = 60
+TITLE_SIZE = "medium"
+
+
+def axis_labels(task: str) -> tuple[str, str]:
+    """The (x, y) axis labels of a reliability diagram of ``task``.
+
+    Example:
+        >>> axis_labels("binary")
+        ('P(positive)', 'Observed positive frequency')
+    """
+    check_choice("task", task, tuple(AXES))
+    return AXES[task]
+
+
+def panel_title(title: str | None, value: str) -> str:
+    """``title``, each of its lines wrapped at :data:`TITLE_WIDTH`, above ``value``.
+
+    Example:
+        >>> print(panel_title("digits_focal · run 3f2a9c1e", "ECE = 0.1000"))
+        digits_focal · run 3f2a9c1e
+        ECE = 0.1000
+        >>> panel_title(None, "ECE = 0.1000")
+        'ECE = 0.1000'
+    """
+    import textwrap
+
+    if title is None:
+        return value
+    lines = [part for line in title.splitlines() for part in textwrap.wrap(line, TITLE_WIDTH)]
+    return "\n".join([*lines, value])
 
 
 def _as_float64(x: Any, name: str) -> np.ndarray:
@@ -79,18 +128,20 @@ def _ece(count: np.ndarray, conf_sum: np.ndarray, correct_sum: np.ndarray) -> fl
     return float(np.abs(conf_sum - correct_sum).sum() / count.sum())
 
 
-def _figure(height_ratios: list[int] | None) -> tuple[Figure, Any]:
+def _figure(height_ratios: list[int] | None, title_lines: int = 2) -> tuple[Figure, Any]:
     """An Agg figure of :data:`FIGSIZE` with one panel, or panels stacked by ``height_ratios``.
 
     Fixed margins, not a layout engine: constrained layout measures every tick label and
-    doubled the drawing time, which matters when a callback draws every few epochs.
+    doubled the drawing time, which matters when a callback draws every few epochs. The top
+    margin leaves room for ``title_lines`` lines of title.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
-    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": 0.9}
+    top = 0.96 - 0.03 * max(title_lines, 2)  # 0.9 for the usual two lines
+    margins = {"left": 0.13, "right": 0.97, "bottom": 0.08, "top": top}
     if height_ratios is None:
         return fig, fig.subplots(gridspec_kw=margins)
     grid = {"height_ratios": height_ratios, "hspace": 0.08, **margins}
@@ -107,6 +158,7 @@ def reliability_diagram(
     ece: float | None = None,
     show_histogram: bool = True,
     level: float | None = None,
+    task: str = "multiclass",
 ) -> Figure:
     """Draw a reliability diagram (and a confidence histogram) from per-bin sums.
 
@@ -121,6 +173,12 @@ def reliability_diagram(
     ``fig.axes[0].containers`` holds a ``"Accuracy"`` and a ``"Gap"`` container with one patch
     per non-empty bin, and ``fig.axes[1].containers`` a ``"Samples"`` container with one patch
     per bin.
+
+    ``task`` names what the bins hold, for the axes (:data:`AXES`): ``"multiclass"``, the top
+    label's confidence against accuracy; ``"binary"``, the positive-class probability,
+    ``P(positive)``, against the observed positive frequency (then the bars' container is
+    labelled ``"Observed positive frequency"``); ``"multilabel"``, each label's probability
+    against how often the label is on.
 
     With ``level`` (e.g. 0.95) every non-empty bin's accuracy also gets an error bar: the
     Wilson score interval at that level of ``correct_sum_k`` successes in ``n_k`` trials,
@@ -141,13 +199,14 @@ def reliability_diagram(
         show_histogram: draw the bottom panel.
         level: draw each bin's Wilson interval of its accuracy at this confidence level, in
             (0, 1); ``None`` draws none.
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``: the axes' labels.
 
     Returns:
         The :class:`matplotlib.figure.Figure` (Agg canvas, not registered with ``pyplot``).
 
     Raises:
         ValueError: if the arrays are not 1-D of one length, hold non-finite or inconsistent
-            values, or are all empty (``N = 0``).
+            values, or are all empty (``N = 0``), or ``task`` is none of the three.
 
     Example:
         >>> fig = reliability_diagram([0, 2, 3, 5], [0.0, 0.7, 1.9, 4.6], [0, 1, 2, 4])
@@ -155,7 +214,12 @@ def reliability_diagram(
         'ECE = 0.1000'
         >>> len(fig.axes[0].containers[0])  # one accuracy bar per non-empty bin
         3
+        >>> binary = reliability_diagram([0, 2, 3, 5], [0.0, 0.7, 1.9, 4.6], [0, 1, 2, 4],
+        ...                              task="binary", show_histogram=False)
+        >>> binary.axes[0].get_xlabel(), binary.axes[0].get_ylabel()
+        ('P(positive)', 'Observed positive frequency')
     """
+    x_label, y_label = axis_labels(task)
     count, conf_sum, correct_sum = _check_bins(count, conf_sum, correct_sum)
     n_bins = count.shape[0]
     total = count.sum()
@@ -168,7 +232,8 @@ def reliability_diagram(
     confidence = conf_sum[nonempty] / count[nonempty]
     width = 1.0 / n_bins
 
-    fig, axes = _figure([3, 1] if show_histogram else None)
+    heading = panel_title(title, f"ECE = {ece:.4f}")
+    fig, axes = _figure([3, 1] if show_histogram else None, heading.count("\n") + 1)
     ax, hist_ax = axes if show_histogram else (axes, None)
 
     ax.bar(
@@ -179,7 +244,7 @@ def reliability_diagram(
         color="tab:blue",
         edgecolor="black",
         linewidth=0.6,
-        label="Accuracy",
+        label=y_label,
     )
     ax.bar(
         edges,
@@ -209,8 +274,8 @@ def reliability_diagram(
     ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="Perfect calibration")
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.0)
-    ax.set_ylabel("Accuracy")
-    ax.set_title(f"ECE = {ece:.4f}" if title is None else f"{title}\nECE = {ece:.4f}")
+    ax.set_ylabel(y_label)
+    ax.set_title(heading, fontsize=TITLE_SIZE)
     ax.legend(loc="upper left")
 
     if hist_ax is not None:
@@ -225,13 +290,14 @@ def reliability_diagram(
             linewidth=0.6,
             label="Samples",
         )
-        hist_ax.axvline(conf_sum.sum() / total, color="tab:red", linestyle="--", label="Avg. conf.")
-        hist_ax.axvline(correct_sum.sum() / total, color="tab:blue", linestyle="-", label="Acc.")
+        means = ("Avg. conf.", "Acc.") if task == "multiclass" else (f"Mean {x_label}", "Observed")
+        hist_ax.axvline(conf_sum.sum() / total, color="tab:red", linestyle="--", label=means[0])
+        hist_ax.axvline(correct_sum.sum() / total, color="tab:blue", linestyle="-", label=means[1])
         hist_ax.set_ylabel("Count")
-        hist_ax.set_xlabel("Confidence")
+        hist_ax.set_xlabel(x_label)
         hist_ax.legend(loc="upper left", fontsize="small")
     else:
-        ax.set_xlabel("Confidence")
+        ax.set_xlabel(x_label)
 
     if path is not None:
         fig.savefig(os.fspath(path), dpi=DPI)
@@ -273,7 +339,7 @@ def save_reliability_diagram(
             ``bins()`` method returning that tuple (e.g. an equal-width calibration metric).
         path: where to write the image (PNG unless the suffix says otherwise).
         **kwargs: passed on to :func:`reliability_diagram` (``title``, ``ece``,
-            ``show_histogram``).
+            ``show_histogram``, ``level``, ``task``).
 
     Returns:
         The figure that was saved.
@@ -336,7 +402,8 @@ def gamma_diagram(
     ece = _ece(count, conf_sum, correct_sum)
     nonempty = count > 0
 
-    fig, (ax, gamma_ax) = _figure([3, 2])
+    heading = panel_title(title, f"ECE = {ece:.4f}")
+    fig, (ax, gamma_ax) = _figure([3, 2], heading.count("\n") + 1)
     ax.plot(
         conf_sum[nonempty] / count[nonempty],
         correct_sum[nonempty] / count[nonempty],
@@ -348,7 +415,7 @@ def gamma_diagram(
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.0)
     ax.set_ylabel("Accuracy")
-    ax.set_title(f"ECE = {ece:.4f}" if title is None else f"{title}\nECE = {ece:.4f}")
+    ax.set_title(heading, fontsize=TITLE_SIZE)
     ax.legend(loc="upper left")
 
     gamma_ax.stairs(gammas, edges, baseline=None, color="tab:orange", linewidth=1.5, label="gamma")

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_losses.calibration.diagram import DPI, _figure
+from lightning_losses.calibration.diagram import (
+    DPI,
+    TITLE_SIZE,
+    _figure,
+    axis_labels,
+    panel_title,
+)
 from lightning_losses.calibration.smooth import smooth_reliability_curve
 
 if TYPE_CHECKING:
@@ -38,6 +44,7 @@ def smooth_reliability_diagram(
     path: str | os.PathLike[str] | None = None,
     title: str | None = None,
     show_density: bool = True,
+    task: str = "multiclass",
 ) -> Figure:
     """Draw the smoothed reliability diagram of Błasiok and Nakkiran from the grid statistics.
 
@@ -47,8 +54,9 @@ def smooth_reliability_diagram(
     its title shows ``smECE`` and ``σ``. The bottom panel (``show_density``) fills the density
     ``δ(t)`` of the confidences. Where the density is negligible the curve is not drawn.
 
-    The curve is ``fig.axes[0].collections[0]`` (label ``"Smoothed accuracy"``, one segment
-    per mesh interval) and the density ``fig.axes[1].collections[0]`` (label ``"Density"``).
+    The curve is ``fig.axes[0].collections[0]`` (label ``"Smoothed accuracy"``; binary:
+    ``"Smoothed observed positive frequency"``; one segment per mesh interval) and the density
+    ``fig.axes[1].collections[0]`` (label ``"Density"``).
 
     Args:
         mass: float64 ``[G + 1]`` mass per grid node (tensor, array or sequence), e.g. from
@@ -59,6 +67,9 @@ def smooth_reliability_diagram(
             500 x 600 pixels.
         title: first line of the title of the top panel; smECE and ``σ`` go on the line below.
         show_density: draw the bottom panel.
+        task: ``"multiclass"``, ``"binary"`` or ``"multilabel"``: the axes' labels, as in
+            :func:`~lightning_losses.calibration.diagram.reliability_diagram` (binary:
+            ``P(positive)`` against the observed positive frequency).
 
     Returns:
         The :class:`matplotlib.figure.Figure` (Agg canvas, not registered with ``pyplot``).
@@ -66,7 +77,7 @@ def smooth_reliability_diagram(
     Raises:
         ValueError: arrays that are not grid statistics (see
             :func:`~lightning_losses.calibration.smooth.smooth_calibration_error_from_grid`),
-            an empty grid, or a bad ``bandwidth``.
+            an empty grid, a bad ``bandwidth``, or ``task`` none of the three.
 
     Example:
         >>> import torch
@@ -82,10 +93,12 @@ def smooth_reliability_diagram(
     """
     from matplotlib.collections import LineCollection
 
+    x_label, y_label = axis_labels(task)
     curve = smooth_reliability_curve(mass, residual, bandwidth=bandwidth)
     mesh, accuracy, density = curve.mesh, curve.accuracy, curve.density
 
-    fig, axes = _figure([3, 1] if show_density else None)
+    heading = panel_title(title, f"smECE = {curve.value:.4f} (σ = {curve.bandwidth:.4f})")
+    fig, axes = _figure([3, 1] if show_density else None, heading.count("\n") + 1)
     ax, density_ax = axes if show_density else (axes, None)
 
     ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray", label="Perfect calibration")
@@ -99,14 +112,13 @@ def smooth_reliability_diagram(
             linewidths=widths,
             colors="tab:red",
             capstyle="round",
-            label="Smoothed accuracy",
+            label=f"Smoothed {y_label.lower()}",
         )
     )
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.0)
-    ax.set_ylabel("Accuracy")
-    label = f"smECE = {curve.value:.4f} (σ = {curve.bandwidth:.4f})"
-    ax.set_title(label if title is None else f"{title}\n{label}")
+    ax.set_ylabel(y_label)
+    ax.set_title(heading, fontsize=TITLE_SIZE)
     ax.legend(loc="upper left")
 
     if density_ax is not None:
@@ -115,10 +127,10 @@ def smooth_reliability_diagram(
         )
         density_ax.set_ylim(bottom=0.0)
         density_ax.set_ylabel("Density")
-        density_ax.set_xlabel("Confidence")
+        density_ax.set_xlabel(x_label)
         density_ax.legend(loc="upper left", fontsize="small")
     else:
-        ax.set_xlabel("Confidence")
+        ax.set_xlabel(x_label)
 
     if path is not None:
         fig.savefig(os.fspath(path), dpi=DPI)
@@ -136,7 +148,7 @@ def save_smooth_reliability_diagram(
             of the object is used unless ``bandwidth`` is passed.
         path: where to write the image (PNG unless the suffix says otherwise).
         **kwargs: passed on to :func:`smooth_reliability_diagram` (``bandwidth``, ``title``,
-            ``show_density``).
+            ``show_density``, ``task``).
 
     Returns:
         The figure that was saved.
