@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.criterion import DEFAULT_ATTRIBUTE, attribute_name, module_criterion
 from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.adafocal import adafocal_update, check_adafocal_update
@@ -20,20 +21,24 @@ from lightning_losses.functional.checks import check_int
 from lightning_losses.warning import LightningLossesWarning
 
 
-def adafocal_criterion(pl_module: pl.LightningModule) -> Any:
-    """``pl_module.criterion`` if it holds AdaFocal bins, else a ``TypeError`` naming it."""
-    criterion = getattr(pl_module, "criterion", None)
+def adafocal_criterion(pl_module: pl.LightningModule, attribute: str = DEFAULT_ATTRIBUTE) -> Any:
+    """``pl_module.<attribute>`` if it holds AdaFocal bins.
+
+    Raises:
+        ValueError: the module has no such attribute (the message names it).
+        TypeError: the loss there is not an AdaFocalLoss (the message names it).
+    """
+    criterion = module_criterion(pl_module, attribute, "AdaFocalUpdate")
     edges, gammas = getattr(criterion, "edges", None), getattr(criterion, "gammas", None)
     if not (
         isinstance(edges, Tensor)
         and isinstance(gammas, Tensor)
         and callable(getattr(criterion, "set_bins", None))
     ):
-        got = "no criterion attribute" if criterion is None else type(criterion).__name__
         raise TypeError(
-            f"AdaFocalUpdate needs {type(pl_module).__name__}.criterion to be an AdaFocalLoss "
-            f"(a loss with per-bin edges, gammas and set_bins); got {got}. Use "
-            "lightning_losses.AdaFocalLoss() (--model.criterion=adafocal on the command line)"
+            f"AdaFocalUpdate needs {type(pl_module).__name__}.{attribute} to be an AdaFocalLoss "
+            f"(a loss with per-bin edges, gammas and set_bins); got {type(criterion).__name__}. "
+            "Use lightning_losses.AdaFocalLoss() (--model.criterion=adafocal on the command line)"
         )
     return criterion
 
@@ -83,7 +88,8 @@ class AdaFocalUpdate(Callback):
     ``calibration/adafocal_epoch=<E>.png`` (reliability of the equal-mass bins above, each
     bin's gamma below) beside the calibration diagrams, and logs it to MLflow.
 
-    Works in any LightningModule with a ``criterion`` attribute that is an ``AdaFocalLoss``
+    Works in any LightningModule with a ``criterion`` attribute (or the one ``attribute``
+    names) that is an ``AdaFocalLoss``
     and a ``validation_step`` that returns ``{"logits": ..., "target": ...}`` (or another output
     that ``outputs`` reads, see :mod:`lightning_losses.callbacks.outputs`); both are checked
     before any training step (the criterion at setup, the output on the first sanity-check
@@ -99,6 +105,8 @@ class AdaFocalUpdate(Callback):
         final_diagram: draw the diagram of the last update when training ends.
         outputs: how to read the logits and targets from what ``validation_step`` returns, as
             ``CalibrationMonitor``'s ``outputs`` (``None``: the ``{"logits", "target"}`` dict).
+        attribute: the LightningModule's attribute that holds the loss (``"loss_fn"`` for a
+            module that computes ``self.loss_fn(logits, target)``).
 
     Example:
         >>> from lightning_losses.callbacks import AdaFocalUpdate
@@ -115,8 +123,10 @@ class AdaFocalUpdate(Callback):
         diagram_every_n_epochs: int = 0,
         final_diagram: bool = True,
         outputs: OutputsSpec = None,
+        attribute: str = DEFAULT_ATTRIBUTE,
     ) -> None:
         check_adafocal_update(lambda_, switch_point, gamma_min, gamma_max)
+        self.attribute = attribute_name(attribute, "AdaFocalUpdate")
         self._read = OutputAdapter(outputs, owner="AdaFocalUpdate")
         self.outputs = outputs
         diagram_every_n_epochs = check_int("diagram_every_n_epochs", diagram_every_n_epochs, low=0)
@@ -155,7 +165,7 @@ class AdaFocalUpdate(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            criterion = adafocal_criterion(pl_module)
+            criterion = adafocal_criterion(pl_module, self.attribute)
             criterion.check_hyperparameters()
             self.updates = 0
 
@@ -182,7 +192,8 @@ class AdaFocalUpdate(Callback):
         if logits.dim() > 2:  # [N, C, *]: one prediction per position
             logits = logits.movedim(1, -1).reshape(-1, logits.shape[1])
             target = target.reshape(-1)
-        keep = target != getattr(pl_module.criterion, "ignore_index", -100)
+        criterion = getattr(pl_module, self.attribute, None)
+        keep = target != getattr(criterion, "ignore_index", -100)
         # float64 row by row: the confidences do not depend on how the rows are batched.
         log_confidence, prediction = torch.log_softmax(logits[keep].double(), dim=1).max(dim=1)
         confidence = log_confidence.exp()
@@ -211,7 +222,7 @@ class AdaFocalUpdate(Callback):
                 category=LightningLossesWarning,
             )
             return
-        criterion = adafocal_criterion(pl_module)
+        criterion = adafocal_criterion(pl_module, self.attribute)
         edges = equal_mass_edges(confidence, criterion.gammas.numel())
         bins = edge_binned_statistics(confidence, correct, edges)
         gammas = adafocal_update(

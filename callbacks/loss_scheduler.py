@@ -9,8 +9,10 @@ from typing import Any, NamedTuple
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_losses.callbacks.criterion import DEFAULT_ATTRIBUTE, attribute_name, module_criterion
 from lightning_losses.callbacks.loss_switch import LossSwitch
 from lightning_losses.callbacks.schedules import (
     Boundary,
@@ -21,7 +23,7 @@ from lightning_losses.callbacks.schedules import (
     check_boundary,
     check_order,
 )
-from lightning_losses.functional.checks import check_choice, check_real
+from lightning_losses.functional.checks import check_choice, check_int, check_real
 from lightning_losses.warning import LightningLossesWarning
 
 _INTERVALS = ("step", "epoch")
@@ -91,6 +93,11 @@ def _check_scope(name: str, values: Any, kind: type) -> list | None:
     return list(values)
 
 
+def _known(total: float) -> bool:
+    """Whether the trainer's estimate is a number of steps (not ``inf``, nor ``-1``)."""
+    return math.isfinite(total) and total >= 0
+
+
 class _Target(NamedTuple):
     """A criterion a schedule acts on, and the progress window where it is used."""
 
@@ -101,46 +108,69 @@ class _Target(NamedTuple):
 
 
 class LossScheduler(Callback):
-    """Set ``pl_module.criterion.<attribute>`` from a schedule of training progress.
+    """Set ``pl_module.<attribute>.<hyperparameter>`` from a schedule of training progress.
 
-    With ``interval="step"``, before each training batch::
+    ``attribute`` is the module's attribute that holds the loss, ``"criterion"`` by default
+    (:class:`~lightning_losses.lightning.mixin.LossMixin`'s); a module whose loss is
+    ``self.loss_fn`` takes ``attribute="loss_fn"``. With ``interval="step"``, before each
+    training batch::
 
-        criterion.<attribute> = schedule(trainer.global_step, trainer.estimated_stepping_batches)
+        criterion.<hyperparameter> = schedule(trainer.global_step, total)
 
-    With ``interval="epoch"``, at each epoch start and again before each batch (Lightning does
-    not start an epoch that a resumed run continues, and a
-    :class:`~lightning_losses.callbacks.LossSwitch` may have swapped the criterion)::
+    where ``total`` is the number of optimizer steps of the run,
+    ``trainer.estimated_stepping_batches`` (``max_steps``, or ``max_epochs`` times the
+    optimizer steps per epoch: batches, after ``limit_train_batches``, over
+    ``accumulate_grad_batches``, rounded up). The batches accumulated into one optimizer step
+    share its ``global_step``, so they use the same value. With ``interval="epoch"``, at each
+    epoch start and again before each batch (Lightning does not start an epoch that a resumed
+    run continues, and a :class:`~lightning_losses.callbacks.LossSwitch` may have swapped the
+    criterion)::
 
-        criterion.<attribute> = schedule(trainer.current_epoch, trainer.max_epochs)
+        criterion.<hyperparameter> = schedule(trainer.current_epoch, total)
 
-    The value is logged as ``schedule/<attribute>``, per step or per epoch, unless the module
-    logs ``criterion/<attribute>`` itself (as
+    where ``total`` is ``trainer.max_epochs``, or fewer when ``max_steps`` ends training
+    earlier. Progress runs over ``0, ..., total - 1``, and a boundary given as a fraction is
+    the step (or epoch) ``round(fraction * (total - 1))``: ``1.0`` is the last one, so a
+    schedule that ends at ``1.0`` (as :class:`GammaAnnealing` does by default) sets its end
+    value for the last optimizer step (the last epoch) of training. A run stopped earlier
+    (``max_time``, early stopping) never reaches it.
+
+    When the trainer cannot tell the total (``max_epochs=-1`` without ``max_steps``, an
+    iterable training set without a length and without ``max_steps``, or a
+    ``GradientAccumulationScheduler`` that changes the accumulation between epochs), a schedule
+    with fraction boundaries stops before the first step with a ``ValueError`` that names
+    ``total``: pass ``total=`` (the number of optimizer steps, or of epochs), or give the
+    boundaries as ``int`` steps. A given ``total`` is used instead of the trainer's.
+
+    The value is logged as ``schedule/<hyperparameter>``, per step or per epoch, unless the
+    module logs ``criterion/<hyperparameter>`` itself (as
     :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does in training for the
-    attributes that a schedule names in :meth:`changed_hyperparameters`): one metric per
+    hyper-parameters that a schedule names in :meth:`changed_hyperparameters`): one metric per
     quantity. It is recomputed from the trainer's progress each time, like Lightning's
     ``GradientAccumulationScheduler``, so a run resumed from a checkpoint continues the schedule
     exactly; no value is taken from the checkpoint.
 
-    The total is ``trainer.estimated_stepping_batches`` (steps) or ``trainer.max_epochs``; it
-    only matters for boundaries given as fractions. The total the schedule was timed with is
-    saved in checkpoints (``total``): a run resumed with another length of training (another
-    ``max_epochs`` or ``max_steps``) warns once, naming both totals, because its fraction
-    boundaries then fall on other steps. Boundaries given as ``int`` (absolute steps or
-    epochs) do not depend on the total and keep their timing without a warning.
+    The total the schedule was timed with is saved in checkpoints (``total``): a run resumed
+    with another length of training (another ``max_epochs`` or ``max_steps``) warns once,
+    naming both totals, because its fraction boundaries then fall on other steps. Boundaries
+    given as ``int`` (absolute steps or epochs) do not depend on the total and keep their
+    timing without a warning.
 
-    Checked before any training step: in ``setup("fit")``, that the LightningModule has a
-    ``criterion`` (see :class:`lightning_losses.lightning.mixin.LossMixin`) with ``attribute``; then
-    that every value bounding the schedule over training
+    Checked before any training step: in ``setup("fit")``, that the LightningModule has the
+    loss ``attribute`` (a ``ValueError`` naming it, this callback and the module's attributes
+    that do hold a loss) with the ``hyperparameter``; then that every value bounding the
+    schedule over training
     (:meth:`~lightning_losses.callbacks.schedules.Schedule.extremes`: the start and end values,
-    each value of a step schedule, up to the end of training inclusive) passes the criterion's
+    each value of a step schedule, up to the last step inclusive) passes the criterion's
     ``check_hyperparameters()`` when it has one. With a
-    :class:`~lightning_losses.callbacks.LossSwitch`, each of its criteria is checked, with the
-    values of the epochs where it is used. A failure is a ``ValueError`` naming this callback,
-    the attribute, the value and where the schedule reaches it. The values are checked in
-    ``on_fit_start`` (before the sanity check) for an epoch schedule, or a step schedule whose
-    training data is loaded already; otherwise when the sanity check starts, or without one
-    when training starts: reading ``estimated_stepping_batches`` earlier would load the
-    training data before Lightning restores a resumed run's loader position.
+    :class:`~lightning_losses.callbacks.LossSwitch` of the same ``attribute``, each of its
+    criteria is checked, with the values of the epochs where it is used. A failure is a
+    ``ValueError`` naming this callback, the hyper-parameter, the value and where the schedule
+    reaches it. The values are checked in ``on_fit_start`` (before the sanity check) for an
+    epoch schedule without ``max_steps``, or when the training data is loaded already;
+    otherwise when the sanity check starts, or without one when training starts: reading
+    ``estimated_stepping_batches`` earlier would load the training data before Lightning
+    restores a resumed run's loader position.
 
     The schedule replaces whatever value the criterion was given. When that value differs
     from the schedule's where it takes over (e.g. ``FocalLoss(gamma=2.0)`` under
@@ -153,7 +183,7 @@ class LossScheduler(Callback):
     criterion of the run is an error at set-up.
 
     Args:
-        attribute: the criterion's hyper-parameter to set, e.g. ``"gamma"``.
+        hyperparameter: the criterion's hyper-parameter to set, e.g. ``"gamma"``.
         schedule: a :class:`~lightning_losses.callbacks.schedules.Schedule` (or any callable
             ``schedule(progress, total) -> float``).
         interval: ``"step"`` (progress is the global step) or ``"epoch"``.
@@ -161,36 +191,52 @@ class LossScheduler(Callback):
             (indices into its ``criteria``); needs a ``LossSwitch``. ``None``: every stage.
         losses: act only on criteria of these losses (registry names such as ``"focal"`` or
             class names such as ``"FocalLoss"``). ``None``: any criterion.
+        attribute: the LightningModule's attribute that holds the loss.
+        total: the number of optimizer steps (``interval="step"``) or epochs of training that
+            fractions are taken of; ``None``: the trainer's (see above).
 
     Example:
         >>> from lightning_losses.callbacks import LinearSchedule
         >>> scheduler = LossScheduler("gamma", LinearSchedule(0.0, 1.0, end=0.5))
         >>> scheduler.state_key
         "LossScheduler{'attribute': 'gamma'}"
-        >>> scheduler.schedule(250, 1000)
-        0.5
+        >>> scheduler.schedule(250, 1001), scheduler.schedule(500, 1001)
+        (0.5, 1.0)
     """
 
     def __init__(
         self,
-        attribute: str,
-        schedule: Schedule,
+        hyperparameter: str | None = None,
+        schedule: Schedule | None = None,
         interval: str = "step",
         stages: list[int] | None = None,
         losses: list[str] | None = None,
+        attribute: str = DEFAULT_ATTRIBUTE,
+        total: int | None = None,
     ) -> None:
-        if not isinstance(attribute, str) or not attribute.isidentifier():
-            raise ValueError(f"attribute must be an attribute name; got {attribute!r}")
+        name = type(self).__name__
+        if hyperparameter is None:
+            raise ValueError(
+                f"{name} needs hyperparameter=, the criterion's hyper-parameter to set (e.g. "
+                f"'gamma'); attribute= names the LightningModule's attribute that holds the "
+                f"loss (default 'criterion'; got attribute={attribute!r})"
+            )
+        if not isinstance(hyperparameter, str) or not hyperparameter.isidentifier():
+            raise ValueError(
+                f"hyperparameter must be an attribute name of the criterion; got {hyperparameter!r}"
+            )
         if not callable(schedule):
             raise ValueError(
                 f"schedule must be callable as schedule(progress, total); got {schedule!r}"
             )
         check_choice("interval", interval, _INTERVALS)
-        self.attribute = attribute
+        self.hyperparameter = hyperparameter
         self.schedule = schedule
         self.interval = interval
         self.stages = _check_scope("stages", stages, int)
         self.losses = _check_scope("losses", losses, str)
+        self.attribute = attribute_name(attribute, name)
+        self.given_total = None if total is None else check_int("total", total, low=1)
         #: The value set last; saved in checkpoints for information only (resuming recomputes it).
         self.last_value: float | None = None
         #: The total the schedule is timed with (set when fitting starts; saved in checkpoints).
@@ -202,10 +248,19 @@ class LossScheduler(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(attribute=self.attribute)
+        # 'attribute' names the hyper-parameter, as in the checkpoints saved before the loss's
+        # own attribute could be chosen; a loss attribute other than the default is added.
+        if self.attribute == DEFAULT_ATTRIBUTE:
+            return self._generate_state_key(attribute=self.hyperparameter)
+        return self._generate_state_key(attribute=self.hyperparameter, loss=self.attribute)
+
+    @property
+    def target_name(self) -> str:
+        """``"criterion.gamma"``: the loss attribute and the hyper-parameter, for messages."""
+        return f"{self.attribute}.{self.hyperparameter}"
 
     def changed_hyperparameters(self) -> set[str]:
-        """``{attribute}``: the criterion hyper-parameter this schedule changes.
+        """``{hyperparameter}``: the criterion hyper-parameter this schedule changes.
 
         :class:`~lightning_losses.lightning.mixin.LossMixin` logs the hyper-parameters that some
         callback names here as ``criterion/<name>`` metrics; the constant ones stay params.
@@ -214,64 +269,97 @@ class LossScheduler(Callback):
             >>> GammaAnnealing().changed_hyperparameters()
             {'gamma'}
         """
-        return {self.attribute}
+        return {self.hyperparameter}
 
     def _criterion(self, pl_module: pl.LightningModule) -> Any:
-        """``pl_module.criterion``, checked to have ``attribute``; ``ValueError`` otherwise."""
-        criterion = getattr(pl_module, "criterion", None)
-        if criterion is None:
-            raise ValueError(
-                f"{type(self).__name__} sets criterion.{self.attribute}, but "
-                f"{type(pl_module).__name__} has no criterion: mix in "
-                "lightning_losses.lightning.mixin.LossMixin and call self.set_criterion(...), or "
-                "set self.criterion in __init__"
-            )
+        """The module's loss, checked to have ``hyperparameter``; ``ValueError`` otherwise."""
+        criterion = module_criterion(pl_module, self.attribute, type(self).__name__)
         self._check_attribute(criterion, "")
         return criterion
 
     def _check_attribute(self, criterion: Any, label: str) -> None:
-        """``ValueError`` unless ``criterion`` has the (non-method) ``attribute``."""
-        if hasattr(criterion, self.attribute) and not callable(getattr(criterion, self.attribute)):
+        """``ValueError`` unless ``criterion`` has the (non-method) ``hyperparameter``."""
+        name = self.hyperparameter
+        if hasattr(criterion, name) and not callable(getattr(criterion, name)):
             return
         names = hyperparameter_names(criterion)
         listed = ", ".join(names) if names else "(none)"
         where = f" of {label}" if label else ""
         raise ValueError(
-            f"{type(self).__name__} cannot schedule {self.attribute!r}: the criterion "
-            f"{type(criterion).__name__}{where} has no hyper-parameter {self.attribute!r}; "
+            f"{type(self).__name__} cannot schedule {name!r}: the criterion "
+            f"{type(criterion).__name__}{where} has no hyper-parameter {name!r}; "
             f"its hyper-parameters are: {listed}"
         )
 
-    def _total(self, trainer: pl.Trainer) -> float | None:
-        """The total of the interval: estimated stepping batches, or ``max_epochs`` if set."""
+    def _trainer_total(self, trainer: pl.Trainer) -> tuple[float | None, str]:
+        """The trainer's number of steps (or epochs), ``None`` if unknown; and its source."""
         if self.interval == "step":
-            return trainer.estimated_stepping_batches
-        max_epochs = trainer.max_epochs
-        return max_epochs if max_epochs is not None and max_epochs >= 0 else None
+            try:
+                steps = trainer.estimated_stepping_batches
+            except MisconfigurationException as error:  # accumulation changing by epoch
+                return None, f"trainer.estimated_stepping_batches fails: {error}"
+            source = (
+                f"trainer.estimated_stepping_batches={steps!r} (max_epochs="
+                f"{trainer.max_epochs!r}, max_steps={trainer.max_steps!r})"
+            )
+            return (steps if _known(steps) else None), source
+        max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+        epochs = max_epochs if max_epochs is not None and max_epochs >= 0 else None
+        source = f"trainer.max_epochs={max_epochs!r}, max_steps={max_steps!r}"
+        if max_steps is not None and max_steps >= 0:
+            per_epoch = self._steps_per_epoch(trainer)
+            if per_epoch:
+                by_steps = math.ceil(max_steps / per_epoch)
+                epochs = by_steps if epochs is None else min(epochs, by_steps)
+                source += f", {per_epoch} optimizer steps per epoch"
+        return epochs, source
+
+    def _total(self, trainer: pl.Trainer) -> float | None:
+        """The total the schedule is timed with: ``total=`` if given, else the trainer's."""
+        if self.given_total is not None:
+            return self.given_total
+        return self._trainer_total(trainer)[0]
+
+    def _unknown_total(self, trainer: pl.Trainer) -> ValueError:
+        """The error of a schedule with fraction boundaries in a run of unknown length."""
+        unit = "optimizer steps" if self.interval == "step" else "epochs"
+        name = type(self).__name__
+        return ValueError(
+            f"{name}({self.target_name}): the schedule {self.schedule!r} has boundaries "
+            f"given as fractions of training, but the number of {unit} of this run is unknown "
+            f"({self._trainer_total(trainer)[1]}): pass total=<the number of {unit}> to "
+            f"{name}, or give the boundaries as ints (absolute {self.interval}s)"
+        )
 
     def _progress(self, trainer: pl.Trainer) -> tuple[float, float | None]:
         """``(progress, total)`` for the interval."""
         progress = trainer.global_step if self.interval == "step" else trainer.current_epoch
-        return progress, self._total(trainer)
+        return progress, self.total
 
     def _schedule_error(self, error: ValueError, trainer: pl.Trainer, total: Any) -> ValueError:
         """``error`` of the schedule, prefixed with this callback and where its total came from."""
         source = (
-            f"trainer.global_step, total is trainer.estimated_stepping_batches={total!r}"
+            f"trainer.global_step, total={total!r} optimizer steps"
             if self.interval == "step"
-            else f"trainer.current_epoch, total is trainer.max_epochs={trainer.max_epochs!r}"
+            else f"trainer.current_epoch, total={total!r} epochs"
         )
         return ValueError(
-            f"{type(self).__name__}({self.attribute!r}, interval={self.interval!r}): {error} "
-            f"(progress is {source})"
+            f"{type(self).__name__}({self.hyperparameter!r}, interval={self.interval!r}): "
+            f"{error} (progress is {source})"
         )
+
+    def _switches(self, trainer: pl.Trainer) -> list[LossSwitch]:
+        """The trainer's :class:`LossSwitch` callbacks that set this schedule's loss attribute."""
+        return [
+            c
+            for c in _trainer_callbacks(trainer)
+            if isinstance(c, LossSwitch) and c.attribute == self.attribute
+        ]
 
     def _stage(self, trainer: pl.Trainer) -> int | None:
         """The current :class:`LossSwitch` criteria index; ``None`` without a switch."""
-        for callback in _trainer_callbacks(trainer):
-            if isinstance(callback, LossSwitch):
-                return callback.index(trainer.current_epoch)
-        return None
+        switches = self._switches(trainer)
+        return switches[0].index(trainer.current_epoch) if switches else None
 
     def _in_scope(self, criterion: Any, stage: int | None) -> bool:
         """Whether ``criterion`` (of LossSwitch stage ``stage``) is in ``stages``/``losses``."""
@@ -293,7 +381,9 @@ class LossScheduler(Callback):
 
         Returns ``None`` (and sets nothing) when the current criterion is out of scope.
         """
-        criterion = getattr(pl_module, "criterion", None)
+        if not self._checked:
+            self._check(trainer, pl_module)
+        criterion = getattr(pl_module, self.attribute, None)
         if criterion is not None and not self._in_scope(criterion, self._stage(trainer)):
             return None
         criterion = self._criterion(pl_module)
@@ -302,7 +392,7 @@ class LossScheduler(Callback):
             value = float(self.schedule(progress, total))
         except ValueError as error:
             raise self._schedule_error(error, trainer, total) from error
-        setattr(criterion, self.attribute, value)
+        setattr(criterion, self.hyperparameter, value)
         self.last_value = value
         return value
 
@@ -318,11 +408,11 @@ class LossScheduler(Callback):
     ) -> list[_Target]:
         """The criteria the schedule will act on, each with its window of progress.
 
-        The model's criterion over ``[0, total]``; with a :class:`LossSwitch`, instead, each of
-        its criteria over the steps (or epochs) of its phase that lie in training.
+        The model's criterion over ``[0, total - 1]``; with a :class:`LossSwitch`, instead, each
+        of its criteria over the steps (or epochs) of its phase that lie in training.
         """
-        end = math.inf if total is None else total
-        switches = [c for c in _trainer_callbacks(trainer) if isinstance(c, LossSwitch)]
+        end = math.inf if total is None else max(total - 1, 0)
+        switches = self._switches(trainer)
         if not switches:
             criterion = self._criterion(pl_module)
             return [_Target(criterion, 0, end, "")] if self._in_scope(criterion, None) else []
@@ -338,7 +428,7 @@ class LossScheduler(Callback):
                         last = min(stop_epoch * per_epoch - 1, end)
                 if not self._in_scope(criterion, index):
                     continue
-                if first == 0 or first < end:
+                if first == 0 or first <= end:
                     targets.append(_Target(criterion, first, last, switch.describe(index)))
         return targets
 
@@ -350,11 +440,11 @@ class LossScheduler(Callback):
         return [(p, float(self.schedule(p, total))) for p in ends]
 
     def _where(self, progress: float, total: float | None) -> str:
-        """``"step 12"``, ``"epoch 20 (the end of training)"``, ..."""
+        """``"step 12"``, ``"epoch 19 (the last epoch)"``, ..."""
         if not math.isfinite(progress):
             return "the end of training"
         text = f"{self.interval} {int(progress)}"
-        return f"{text} (the end of training)" if progress == total else text
+        return f"{text} (the last {self.interval})" if total and progress == total - 1 else text
 
     def _check_values(self, trainer: pl.Trainer, target: _Target, total: float | None) -> None:
         """Each value bounding the schedule in ``target``'s window passes its criterion's check.
@@ -371,22 +461,22 @@ class LossScheduler(Callback):
             return
         probe = copy.deepcopy(target.criterion)
         for progress, value in extremes:
-            setattr(probe, self.attribute, float(value))
+            setattr(probe, self.hyperparameter, float(value))
             try:
                 probe.check_hyperparameters()
             except (ValueError, TypeError) as error:
                 where = f" of {target.label}" if target.label else ""
                 raise ValueError(
-                    f"{type(self).__name__} (criterion.{self.attribute}): the schedule reaches "
-                    f"{self.attribute}={float(value)!r} at {self._where(progress, total)}, but "
-                    f"{type(target.criterion).__name__}{where} rejects it: {error}"
+                    f"{type(self).__name__} ({self.target_name}): the schedule reaches "
+                    f"{self.hyperparameter}={float(value)!r} at {self._where(progress, total)}, "
+                    f"but {type(target.criterion).__name__}{where} rejects it: {error}"
                 ) from error
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        switched = any(isinstance(c, LossSwitch) for c in _trainer_callbacks(trainer))
+        switched = bool(self._switches(trainer))
         if self.stages is not None and not switched:
             raise ValueError(
                 f"{type(self).__name__}(stages={self.stages}) scopes the schedule to LossSwitch "
@@ -394,15 +484,14 @@ class LossScheduler(Callback):
                 "scope it to a loss, or leave stages=None"
             )
         if switched:  # the switch's criteria are checked in _check, once they are built
-            if getattr(pl_module, "criterion", None) is None:
-                self._criterion(pl_module)
+            module_criterion(pl_module, self.attribute, type(self).__name__)
             return
-        criterion = getattr(pl_module, "criterion", None)
-        if criterion is not None and not self._in_scope(criterion, None):
+        criterion = module_criterion(pl_module, self.attribute, type(self).__name__)
+        if not self._in_scope(criterion, None):
             raise ValueError(
                 f"{type(self).__name__}(losses={self.losses}) acts on no criterion of this run: "
-                f"{type(pl_module).__name__}.criterion is {type(criterion).__name__} (names "
-                f"{sorted(criterion_names(criterion))}); add one of those names to losses"
+                f"{type(pl_module).__name__}.{self.attribute} is {type(criterion).__name__} "
+                f"(names {sorted(criterion_names(criterion))}); add one of those names to losses"
             )
         self._criterion(pl_module)
 
@@ -415,6 +504,8 @@ class LossScheduler(Callback):
             return
         self._checked = True
         total = self._total(trainer)
+        if total is None and getattr(self.schedule, "uses_fractions", False):
+            raise self._unknown_total(trainer)
         self.total = total
         targets = self._targets(trainer, pl_module, total)
         if not targets:
@@ -426,17 +517,17 @@ class LossScheduler(Callback):
         for target in targets:
             self._check_attribute(target.criterion, target.label)
             self._check_values(trainer, target, total)
-            given = getattr(target.criterion, self.attribute)
+            given = getattr(target.criterion, self.hyperparameter)
             first = float(self.schedule(target.first, total))
             if isinstance(given, (int, float)) and float(given) != first:
                 name = target.label or type(target.criterion).__name__
                 replaced.append(
-                    f"{name} was given {self.attribute}={given!r}, the schedule sets "
+                    f"{name} was given {self.hyperparameter}={given!r}, the schedule sets "
                     f"{first!r} at {self._where(target.first, total)}"
                 )
         if replaced:
             rank_zero_warn(
-                f"{type(self).__name__} sets criterion.{self.attribute} from its schedule, "
+                f"{type(self).__name__} sets {self.target_name} from its schedule, "
                 f"replacing the value given: {'; '.join(replaced)}. To leave a criterion's "
                 "value alone, scope the schedule with stages=[...] (LossSwitch criteria "
                 "indices) or losses=[...] (loss names).",
@@ -444,7 +535,7 @@ class LossScheduler(Callback):
             )
 
     def describe(self) -> str:
-        """One line for the fit summary: the attribute, the schedule, the interval, the scope.
+        """One line for the fit summary: the hyper-parameter, the schedule, the interval, the scope.
 
         Example:
             >>> from lightning_losses.callbacks import ConstantSchedule
@@ -452,7 +543,7 @@ class LossScheduler(Callback):
             "per step (only losses ['focal'])"
         """
         return (
-            f"{type(self).__name__}: criterion.{self.attribute} = {self.schedule!r} per "
+            f"{type(self).__name__}: {self.target_name} = {self.schedule!r} per "
             f"{self.interval}{self._scope_text()}"
         )
 
@@ -461,13 +552,16 @@ class LossScheduler(Callback):
         """Check now if the total is known without loading the training data early.
 
         A step schedule's total, ``trainer.estimated_stepping_batches``, loads the training
-        data when it is not loaded yet; here, before Lightning restores the loops of a
-        resumed run, that would lose the restored position of a resumable loader. Such a
-        check waits for the sanity check or, without one, for the start of training: still
-        before the first training step.
+        data when it is not loaded yet (as does an epoch schedule's under ``max_steps``, which
+        needs the steps per epoch); here, before Lightning restores the loops of a resumed run,
+        that would lose the restored position of a resumable loader. Such a check waits for
+        the sanity check or, without one, for the start of training: still before the first
+        training step.
         """
         self._checked = False
-        if self.interval == "epoch" or trainer.train_dataloader is not None:
+        max_steps = trainer.max_steps
+        needs_data = self.interval == "step" or (max_steps is not None and max_steps >= 0)
+        if self.given_total is not None or not needs_data or trainer.train_dataloader is not None:
             self._check(trainer, pl_module)
 
     @override
@@ -484,11 +578,11 @@ class LossScheduler(Callback):
         if not getattr(self.schedule, "uses_fractions", True):
             return
         unit = "steps" if self.interval == "step" else "epochs"
-        source = "trainer.max_epochs"
-        if self.interval == "step":
+        source = "total=" if self.given_total is not None else "trainer.max_epochs"
+        if self.interval == "step" and self.given_total is None:
             source = "trainer.estimated_stepping_batches"
         rank_zero_warn(
-            f"{type(self).__name__} (criterion.{self.attribute}): the checkpoint's schedule "
+            f"{type(self).__name__} ({self.target_name}): the checkpoint's schedule "
             f"was timed for a total of {saved!r} {unit} ({source}), this run's total is "
             f"{self.total!r}; the schedule {self.schedule!r} has boundaries given as fractions "
             "of training, so from the resumed step on they fall on other steps and its values "
@@ -519,16 +613,16 @@ class LossScheduler(Callback):
     ) -> None:
         """Log the value set for this batch, unless the module logs it itself.
 
-        A module that logs ``criterion/<attribute>`` in its training step (as
-        :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does) already records the
-        value: one metric per quantity.
+        A module that logs ``criterion/<hyperparameter>`` in its training step (as
+        :meth:`~lightning_losses.lightning.mixin.LossMixin.compute_loss` does) already records
+        the value: one metric per quantity.
         """
         value, self._value = self._value, None
-        if value is None or f"criterion/{self.attribute}" in trainer.callback_metrics:
+        if value is None or f"criterion/{self.hyperparameter}" in trainer.callback_metrics:
             return
         per_step = self.interval == "step"
         pl_module.log(
-            f"schedule/{self.attribute}",
+            f"schedule/{self.hyperparameter}",
             value,
             on_step=per_step,
             on_epoch=not per_step,
@@ -542,7 +636,7 @@ class LossScheduler(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "attribute": self.attribute,
+            "attribute": self.hyperparameter,
             "interval": self.interval,
             "last_value": self.last_value,
             "total": self.total,
@@ -567,6 +661,11 @@ class GammaAnnealing(LossScheduler):
         linear:  gamma = start + (end - start) * f
         cosine:  gamma = end + (start - end) * (1 + cos(pi f)) / 2
 
+    ``p`` is the optimizer step ``0, ..., T - 1`` of a run of ``T`` steps (the epoch with
+    ``interval="epoch"``), and a fraction boundary ``b`` is the step ``round(b * (T - 1))``: with
+    the defaults ``begin=0, until=1.0`` the first step uses ``start`` and the last one ``end``
+    exactly, ``gamma = start + (end - start) * p / (T - 1)``.
+
     Args:
         start: gamma up to ``begin``.
         end: gamma from ``until`` on.
@@ -580,12 +679,17 @@ class GammaAnnealing(LossScheduler):
         stages: act only on these :class:`~lightning_losses.callbacks.LossSwitch` criteria
             (see :class:`LossScheduler`); ``None``: every stage.
         losses: act only on criteria of these losses, e.g. ``["gamma_ce"]``; ``None``: any.
+        attribute: the LightningModule's attribute that holds the loss (``"loss_fn"`` for a
+            module that computes ``self.loss_fn(logits, target)``).
+        total: the number of optimizer steps (or epochs, with ``interval="epoch"``) that the
+            fractions are taken of; ``None``: the trainer's. Needed when the trainer cannot
+            tell (``max_epochs=-1``), see :class:`LossScheduler`.
 
     Example:
         >>> annealing = GammaAnnealing(start=0.0, end=1.0, begin=0, until=0.5)
         >>> annealing.schedule
         LinearSchedule(start_value=0.0, end_value=1.0, start=0, end=0.5)
-        >>> annealing.schedule(100, total=1000), annealing.schedule(600, total=1000)
+        >>> annealing.schedule(100, total=1001), annealing.schedule(600, total=1001)
         (0.2, 1.0)
     """
 
@@ -599,6 +703,8 @@ class GammaAnnealing(LossScheduler):
         interval: str = "step",
         stages: list[int] | None = None,
         losses: list[str] | None = None,
+        attribute: str = DEFAULT_ATTRIBUTE,
+        total: int | None = None,
     ) -> None:
         check_choice("shape", shape, tuple(_SHAPES))
         check_real("start", start)
@@ -607,7 +713,9 @@ class GammaAnnealing(LossScheduler):
         check_boundary("until", until)
         check_order("begin", begin, "until", until)
         schedule = _SHAPES[shape](start, end, start=begin, end=until)
-        super().__init__("gamma", schedule, interval, stages=stages, losses=losses)
+        super().__init__(
+            "gamma", schedule, interval, stages, losses, attribute=attribute, total=total
+        )
         self.start = start
         self.end = end
         self.begin = begin
@@ -628,8 +736,9 @@ class GammaAnnealing(LossScheduler):
             >>> GammaAnnealing(0.0, 1.0, begin=0, until=0.5).describe()
             'GammaAnnealing: gamma 0.0 -> 1.0, linear, from step 0 to 50% of training'
         """
+        where = "" if self.attribute == DEFAULT_ATTRIBUTE else f"{self.attribute}."
         return (
-            f"GammaAnnealing: gamma {self.start!r} -> {self.end!r}, {self.shape}, from "
+            f"GammaAnnealing: {where}gamma {self.start!r} -> {self.end!r}, {self.shape}, from "
             f"{self._boundary_text(self.begin)} to {self._boundary_text(self.until)}"
             f"{self._scope_text()}"
         )

@@ -11,6 +11,12 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from typing_extensions import override
 
+from lightning_losses.callbacks.criterion import (
+    DEFAULT_ATTRIBUTE,
+    attribute_name,
+    missing_message,
+    set_module_criterion,
+)
 from lightning_losses.functional.checks import check_int
 from lightning_losses.lightning.mixin import build_criterion, criterion_hyperparameters
 
@@ -27,8 +33,9 @@ class LossSwitch(Callback):
     epoch. A :class:`~lightning_losses.callbacks.LossScheduler` checks the values it will set on
     each criterion in the epochs where that criterion is used (see there). The prebuilt module
     is swapped in with
-    ``pl_module.criterion = module`` when training starts and at each epoch start where the
-    index changes (checked again before each batch). The index is recomputed from
+    ``pl_module.criterion = module`` (``pl_module.<attribute>`` with ``attribute=``) when
+    training starts and at each epoch start where the index changes (checked again before each
+    batch). The index is recomputed from
     ``trainer.current_epoch``, so a resumed run, even one resumed mid-epoch, uses the right
     criterion from its first step; it is logged as ``switch/index``.
 
@@ -43,6 +50,8 @@ class LossSwitch(Callback):
             ``{"name": "focal", "gamma": 2.0}`` or a ``class_path``/``init_args`` mapping.
         milestones: the epochs where the next criterion takes over: increasing ints, one fewer
             than ``criteria``.
+        attribute: the LightningModule's attribute that holds the loss and is replaced
+            (``"loss_fn"`` for a module that computes ``self.loss_fn(logits, target)``).
 
     Example:
         >>> switch = LossSwitch(["ce", {"name": "focal", "gamma": 2.0}], milestones=[5])
@@ -52,7 +61,13 @@ class LossSwitch(Callback):
         "LossSwitch{'criteria': ['ce', {'name': 'focal', 'gamma': 2.0}], 'milestones': [5]}"
     """
 
-    def __init__(self, criteria: list[str | dict[str, Any]], milestones: list[int]) -> None:
+    def __init__(
+        self,
+        criteria: list[str | dict[str, Any]],
+        milestones: list[int],
+        attribute: str = DEFAULT_ATTRIBUTE,
+    ) -> None:
+        self.attribute = attribute_name(attribute, "LossSwitch")
         if isinstance(criteria, (str, Mapping)) or not isinstance(criteria, (list, tuple)):
             raise ValueError(f"criteria must be a list of criterion specs; got {criteria!r}")
         if isinstance(milestones, str) or not isinstance(milestones, (list, tuple)):
@@ -157,7 +172,7 @@ class LossSwitch(Callback):
             module = self._modules[index]
             if isinstance(module, nn.Module):
                 module.to(pl_module.device)
-            pl_module.criterion = module
+            set_module_criterion(pl_module, self.attribute, module)
             self._active = index
         self.last_index = index
         return index
@@ -166,12 +181,13 @@ class LossSwitch(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if getattr(pl_module, "criterion", None) is None:
+        if getattr(pl_module, self.attribute, None) is None:
             raise ValueError(
-                f"LossSwitch sets {type(pl_module).__name__}.criterion, which it does not have: "
-                "the module must compute its loss as self.criterion(logits, target) (e.g. "
-                "through lightning_losses.LossMixin's set_criterion / compute_loss), or the "
-                "switch would change nothing"
+                f"{missing_message(pl_module, self.attribute, 'LossSwitch')}. LossSwitch "
+                f"replaces {type(pl_module).__name__}.{self.attribute}, so the module must "
+                f"compute its loss as self.{self.attribute}(logits, target) (e.g. through "
+                "lightning_losses.LossMixin's set_criterion / compute_loss), or the switch "
+                "would change nothing"
             )
         modules = []
         for i, spec in enumerate(self.criteria):

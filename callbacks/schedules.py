@@ -1,14 +1,16 @@
 """Pure schedules: a hyper-parameter value as a function of training progress.
 
 A schedule is called as ``schedule(progress, total)``: ``progress`` is the current step (or
-epoch) and ``total`` the number of steps (or epochs) of the whole run. ``total`` is only used to
-resolve boundaries given as fractions of training, so a schedule written with absolute steps
-can be called without it.
+epoch), counted from 0, and ``total`` the number of steps (or epochs) of the whole run, so
+progress runs over ``0, 1, ..., total - 1``. ``total`` is only used to resolve boundaries given
+as fractions of training, so a schedule written with absolute steps can be called without it.
 
 Boundaries (``start``, ``end``, ``milestones``) are either an ``int``, an absolute step or epoch
-count, or a ``float`` in ``[0, 1]``, a fraction of training resolved as
-``round(fraction * total)`` (Python's ``round``: halves go to the even integer). Write ``1.0``,
-not ``1``, for "the end of training".
+count, or a ``float`` in ``[0, 1]``, a fraction of training resolved as the step
+``round(fraction * (total - 1))`` (Python's ``round``: halves go to the even integer): ``0.0``
+is the first step, ``1.0`` the last one, so a schedule that ends at ``1.0`` takes its end value
+at the last step of training. Write ``1.0``, not ``1``, for "the end of training" (the ``int``
+``1`` is step 1).
 
 A schedule also says which values bound it (:meth:`Schedule.extremes`), so a callback can check
 them against the loss before training starts, and whether its timing depends on ``total``
@@ -89,17 +91,23 @@ def check_order(start_name: str, start: Boundary, end_name: str, end: Boundary) 
 def resolve_boundary(name: str, value: Boundary, total: float | None) -> int:
     """The absolute step (or epoch) of a boundary.
 
+    Steps are numbered ``0, ..., total - 1``: the fraction ``0.0`` is the first step and ``1.0``
+    the last one.
+
     Args:
         name: the argument's name, for the error message.
         value: an ``int`` (returned as it is) or a fraction ``float`` in ``[0, 1]``.
         total: the number of steps (or epochs) of training; needed for a fraction.
 
     Returns:
-        ``value`` for an ``int``, ``round(value * total)`` for a ``float``.
+        ``value`` for an ``int``, ``round(value * (total - 1))`` for a ``float`` (0 when
+        ``total`` is 0).
 
     Example:
-        >>> resolve_boundary("end", 0.25, 100), resolve_boundary("end", 30, None)
-        (25, 30)
+        >>> resolve_boundary("end", 1.0, 100), resolve_boundary("end", 0.5, 101)
+        (99, 50)
+        >>> resolve_boundary("end", 30, None)
+        30
     """
     if not isinstance(value, float):
         return value
@@ -113,7 +121,7 @@ def resolve_boundary(name: str, value: Boundary, total: float | None) -> int:
             f"{name}={value!r} is a fraction of training, so the total number of steps or "
             f"epochs must be finite and >= 0; got total={total!r}"
         )
-    return round(value * total)
+    return round(value * max(total - 1, 0))
 
 
 class Schedule(ABC):
@@ -253,7 +261,7 @@ class IntervalSchedule(Schedule):
         reaches it.
 
         Example:
-            >>> LinearSchedule(0.0, 2.0, end=0.5).extremes(0, 10, total=10)
+            >>> LinearSchedule(0.0, 2.0, end=0.5).extremes(0, 10, total=11)
             [(0, 0.0), (5, 2.0)]
         """
         end = resolve_boundary("end", self.end, total)
@@ -311,7 +319,7 @@ class ExponentialSchedule(IntervalSchedule):
 
     Example:
         >>> schedule = ExponentialSchedule(1.0, 0.01, start=0, end=1.0)
-        >>> [round(schedule(p, total=4), 6) for p in range(5)]
+        >>> [round(schedule(p, total=5), 6) for p in range(5)]
         [1.0, 0.316228, 0.1, 0.031623, 0.01]
     """
 

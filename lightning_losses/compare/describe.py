@@ -89,7 +89,8 @@ def _gamma_annealing_text(args: dict[str, Any]) -> str:
 
 def _loss_scheduler_text(args: dict[str, Any]) -> str:
     """``LossScheduler(threshold: CosineSchedule 0->0.2, 2..8)``."""
-    return f"LossScheduler({_text(args.get('attribute'))}: {_schedule_text(args.get('schedule'))})"
+    name = args.get("hyperparameter", args.get("attribute"))  # 'attribute' in runs before #36
+    return f"LossScheduler({_text(name)}: {_schedule_text(args.get('schedule'))})"
 
 
 def _loss_switch_text(args: dict[str, Any]) -> str:

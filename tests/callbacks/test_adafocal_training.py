@@ -176,7 +176,9 @@ def test_a_criterion_that_is_not_adafocal_fails_at_setup(tmp_path):
             super().__init__(nn.CrossEntropyLoss())
             del self.criterion
 
-    with pytest.raises(TypeError, match="got no criterion attribute"):
+    with pytest.raises(
+        ValueError, match=r"^AdaFocalUpdate\(attribute='criterion'\): NoCriterion has no attribute"
+    ):
         trainer(tmp_path, max_epochs=1, callbacks=[AdaFocalUpdate()]).fit(
             NoCriterion(), DigitsDataModule(batch_size=64)
         )

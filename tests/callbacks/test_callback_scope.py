@@ -124,9 +124,9 @@ def test_annealing_says_once_that_it_replaces_a_given_gamma(tmp_path):
     assert "FocalLoss was given gamma=2.0, the schedule sets 0.0 at step 0" in messages[0]
     assert "stages=[...]" in messages[0]
     assert "losses=[...]" in messages[0]
-    # ... and it does replace it: gamma = step / total, linearly from 0 to 1.
+    # ... and it does replace it: gamma = step / (total - 1), linearly from 0 to 1 at the last.
     total = 2 * STEPS_PER_EPOCH
-    assert [g for _, _, g in record.seen] == [step / total for step in range(total)]
+    assert [g for _, _, g in record.seen] == [step / (total - 1) for step in range(total)]
 
 
 def test_no_notice_when_the_schedule_starts_at_the_given_value(tmp_path):
@@ -146,7 +146,7 @@ def test_notice_names_the_loss_switch_stage(tmp_path):
     (message,) = replace_warnings(caught)
     assert (
         "LossSwitch criteria[1]={'name': 'focal', 'gamma': 2.0} (from epoch 1) was given "
-        "gamma=2.0, the schedule sets 0.5 at epoch 1"
+        "gamma=2.0, the schedule sets 1.0 at epoch 1 (the last epoch)"
     ) in message
     assert "criteria[0]" not in message  # gamma_ce starts at the schedule's 0.0
 
@@ -169,7 +169,7 @@ def test_a_scoped_schedule_leaves_the_other_stage_alone(tmp_path, scope):
         t.fit(Plain(GammaCrossEntropyLoss(gamma=0.0)), *data())
     assert replace_warnings(caught) == []
     total = 2 * STEPS_PER_EPOCH
-    expected = [("GammaCrossEntropyLoss", step / total) for step in range(STEPS_PER_EPOCH)]
+    expected = [("GammaCrossEntropyLoss", step / (total - 1)) for step in range(STEPS_PER_EPOCH)]
     expected += [("FocalLoss", 2.0)] * STEPS_PER_EPOCH  # untouched in its stage
     assert [(name, gamma) for _, name, gamma in record.seen] == expected
 
@@ -185,7 +185,7 @@ def test_scope_to_a_stage_whose_loss_has_no_gamma(tmp_path):
         t.fit(Plain(FocalLoss()), *data())
     total = 2 * STEPS_PER_EPOCH
     expected = [("CrossEntropyLoss", None)] * STEPS_PER_EPOCH
-    expected += [("FocalLoss", step / total) for step in range(STEPS_PER_EPOCH, total)]
+    expected += [("FocalLoss", step / (total - 1)) for step in range(STEPS_PER_EPOCH, total)]
     assert [(name, gamma) for _, name, gamma in record.seen] == expected
 
 
@@ -310,7 +310,7 @@ def test_a_plain_module_gets_the_callbacks_metrics(tmp_path):
     t = trainer(tmp_path, [GammaAnnealing(0.0, 1.0), CalibrationMonitor()], epochs=1)
     t.fit(Plain(GammaCrossEntropyLoss(gamma=0.0)), *data())
     metrics = t.callback_metrics
-    assert float(metrics["schedule/gamma"]) == (STEPS_PER_EPOCH - 1) / STEPS_PER_EPOCH
+    assert float(metrics["schedule/gamma"]) == 1.0  # the last step's
     assert "criterion/gamma" not in metrics
     _, val = data()
     x, y = val.dataset.tensors

@@ -17,6 +17,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.steps import SaveAtStep
 from helpers.warned import REPLACED, RETIMED, package_warns
 from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import Callback
@@ -153,21 +154,6 @@ class HookSpy(Callback):
         self.hooks.append("on_train_batch_start")
 
 
-class SaveAtStep(Callback):
-    """Saves a checkpoint when the global step reaches ``step`` (mid-epoch)."""
-
-    def __init__(self, path: Any, step: int) -> None:
-        self.path = path
-        self.step = step
-
-    @override
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
-
-
 def fit(
     callbacks: list[Callback], max_epochs: int = 3, model: L.LightningModule | None = None, **kw
 ) -> tuple[L.LightningModule, L.Trainer]:
@@ -199,12 +185,12 @@ def clamp01(x: float) -> float:
     return min(max(x, 0.0), 1.0)
 
 
-# 3 epochs of 6 steps: T = 18 steps. 0.1 * 18 = 1.8 -> 2, 0.9 * 18 = 16.2 -> 16,
-# 0.25 * 18 = 4.5 -> 4 and 0.75 * 18 = 13.5 -> 14 (halves round to even).
+# 3 epochs of 6 steps: T = 18 steps, 0..17; a fraction f is step round(f * 17):
+# 0.1 * 17 = 1.7 -> 2, 0.9 * 17 = 15.3 -> 15, 0.25 * 17 = 4.25 -> 4 and 0.75 * 17 = 12.75 -> 13.
 STEP_CASES = [
     pytest.param(
         lambda: GammaAnnealing(start=0.0, end=1.0, begin=0.1, until=0.9),
-        lambda g: clamp01((g - 2) / (16 - 2)),
+        lambda g: clamp01((g - 2) / (15 - 2)),
         id="gamma-annealing-linear-fractions",
     ),
     pytest.param(
@@ -214,7 +200,7 @@ STEP_CASES = [
     ),
     pytest.param(
         lambda: LossScheduler("gamma", ExponentialSchedule(0.9, 0.1, start=0.25, end=0.75)),
-        lambda g: 0.9 * (0.1 / 0.9) ** clamp01((g - 4) / (14 - 4)),
+        lambda g: 0.9 * (0.1 / 0.9) ** clamp01((g - 4) / (13 - 4)),
         id="loss-scheduler-exponential-fractions",
     ),
 ]
@@ -234,12 +220,13 @@ def test_step_interval_sets_the_closed_form_at_every_step(make_callback, expecte
 
 
 def test_epoch_interval_sets_the_closed_form_at_every_epoch():
-    # 3 epochs: until=1.0 resolves to epoch 3, so gamma = 0.6 * epoch / 3.
+    # 3 epochs, 0..2: until=1.0 resolves to the last one, epoch 2, so gamma = 0.6 * epoch / 2.
     model, trainer = fit([GammaAnnealing(start=0.0, end=0.6, until=1.0, interval="epoch")])
     assert [seen.epoch for seen in model.seen] == [e for e in range(3) for _ in range(6)]
     for seen in model.seen:
-        assert close(seen.gamma, 0.6 * seen.epoch / 3), seen
-    assert math.isclose(logged(trainer, "criterion/gamma"), 0.4, rel_tol=1e-6)
+        assert close(seen.gamma, 0.6 * seen.epoch / 2), seen
+    assert model.seen[-1].gamma == 0.6
+    assert math.isclose(logged(trainer, "criterion/gamma"), 0.6, rel_tol=1e-6)
     assert "schedule/gamma" not in trainer.callback_metrics
 
 
@@ -286,30 +273,47 @@ def test_method_name_is_not_a_hyperparameter():
 
 
 def test_module_without_criterion_fails_at_setup():
-    with pytest.raises(ValueError, match=r"criterion\.gamma.*NoCriterion has no criterion"):
+    with pytest.raises(
+        ValueError,
+        match=r"^GammaAnnealing\(attribute='criterion'\): NoCriterion has no attribute "
+        r"'criterion' holding its loss; keep the loss module in an attribute",
+    ):
         fit([GammaAnnealing()], model=NoCriterion())
 
 
 def test_loss_switch_on_a_module_without_criterion_fails_at_setup():
     # A module that computes its loss itself: switching would change nothing, silently.
-    with pytest.raises(ValueError, match=r"LossSwitch sets NoCriterion\.criterion"):
+    with pytest.raises(
+        ValueError, match=r"no attribute 'criterion'.*LossSwitch replaces NoCriterion\.criterion"
+    ):
         fit([LossSwitch(["ce", "focal"], milestones=[1])], model=NoCriterion())
 
 
-def test_fraction_with_unbounded_epochs_fails_before_the_first_step():
+@pytest.mark.parametrize(
+    ("interval", "source"),
+    [
+        ("epoch", r"trainer\.max_epochs=-1, max_steps=-1"),
+        ("step", r"trainer\.estimated_stepping_batches=inf \(max_epochs=-1, max_steps=-1\)"),
+    ],
+)
+def test_fraction_with_unbounded_training_fails_before_the_first_step(interval, source):
     model = Tiny()
     trainer = L.Trainer(
-        max_steps=5,
+        max_epochs=-1,  # no end: the total is unknown
         accelerator="cpu",
         devices=1,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        callbacks=[GammaAnnealing(until=0.5, interval="epoch")],
+        callbacks=[GammaAnnealing(until=0.5, interval=interval)],
     )
+    unit = "optimizer steps" if interval == "step" else "epochs"
     with pytest.raises(
-        ValueError, match=r"end=0\.5 is a fraction.*total=None.*trainer\.max_epochs=-1"
+        ValueError,
+        match=rf"^GammaAnnealing\(criterion\.gamma\): the schedule LinearSchedule\(.*\) has "
+        rf"boundaries given as fractions of training, but the number of {unit} of this run is "
+        rf"unknown \({source}\): pass total=<the number of {unit}> to GammaAnnealing",
     ):
         trainer.fit(model)
     assert model.seen == []
@@ -342,7 +346,7 @@ def test_scheduler_follows_the_switched_criterion():
         model, _ = fit([annealing, LossSwitch(["gamma_ce", "focal"], milestones=[2])])
     for seen in model.seen:
         assert seen.criterion is (GammaCrossEntropyLoss if seen.epoch < 2 else FocalLoss), seen
-        assert close(seen.gamma, 0.9 * seen.epoch / 3), seen
+        assert close(seen.gamma, 0.9 * seen.epoch / 2), seen
 
 
 def test_scheduler_checks_every_switched_criterion_before_training():
@@ -389,12 +393,19 @@ def test_loss_switch_bad_arguments(criteria, milestones, match):
     ("kwargs", "match"),
     [
         ({"interval": "batch"}, r"interval must be one of"),
-        ({"attribute": "gamma.x"}, r"attribute must be an attribute name"),
+        ({"hyperparameter": "gamma.x"}, r"hyperparameter must be an attribute name"),
         ({"schedule": 0.5}, r"schedule must be callable"),
+        ({"attribute": "loss fn"}, r"^LossScheduler\(attribute='loss fn'\): attribute must name"),
+        ({"total": 0}, r"total must be >= 1; got 0"),
+        # The keyword of the hyper-parameter before the loss's attribute could be chosen.
+        (
+            {"hyperparameter": None, "attribute": "gamma"},
+            r"^LossScheduler needs hyperparameter=, the criterion's hyper-parameter to set",
+        ),
     ],
 )
 def test_loss_scheduler_bad_arguments(kwargs, match):
-    arguments = {"attribute": "gamma", "schedule": ConstantSchedule(0.5), **kwargs}
+    arguments = {"hyperparameter": "gamma", "schedule": ConstantSchedule(0.5), **kwargs}
     with pytest.raises(ValueError, match=match):
         LossScheduler(**arguments)
 
@@ -424,12 +435,12 @@ def test_state_keys_are_distinct():
 
 
 def test_resumed_run_continues_the_step_schedule(tmp_path):
-    # 4 epochs: T = 24 steps, begin 0.1 * 24 = 2.4 -> 2 and until 0.9 * 24 = 21.6 -> 22.
+    # 4 epochs: T = 24 steps, begin 0.1 * 23 = 2.3 -> 2 and until 0.9 * 23 = 20.7 -> 21.
     def annealing() -> GammaAnnealing:
         return GammaAnnealing(start=0.0, end=1.0, begin=0.1, until=0.9, shape="cosine")
 
     def expected(g: int) -> float:
-        return 1.0 + (0.0 - 1.0) * (1 + math.cos(math.pi * clamp01((g - 2) / 20))) / 2
+        return 1.0 + (0.0 - 1.0) * (1 + math.cos(math.pi * clamp01((g - 2) / 19))) / 2
 
     straight, _ = fit([annealing()], max_epochs=4)
     uninterrupted = {seen.step: seen.gamma for seen in straight.seen}
@@ -467,10 +478,10 @@ def test_resumed_run_uses_the_criterion_of_its_epoch(tmp_path):
 @pytest.mark.parametrize(
     ("interval", "expected"),
     [
-        # 4 epochs: T = 24 steps, begin 0.1 * 24 = 2.4 -> 2, until 0.9 * 24 = 21.6 -> 22.
-        ("step", lambda seen: clamp01((seen.step - 2) / 20)),
-        # begin 0.1 * 4 = 0.4 -> 0 and until 0.9 * 4 = 3.6 -> 4 epochs.
-        ("epoch", lambda seen: seen.epoch / 4),
+        # 4 epochs: T = 24 steps, begin 0.1 * 23 = 2.3 -> 2, until 0.9 * 23 = 20.7 -> 21.
+        ("step", lambda seen: clamp01((seen.step - 2) / 19)),
+        # epochs 0..3: begin 0.1 * 3 = 0.3 -> 0 and until 0.9 * 3 = 2.7 -> 3.
+        ("epoch", lambda seen: seen.epoch / 3),
     ],
 )
 @pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch")
@@ -568,9 +579,9 @@ def fit_bounded(callbacks: list[Callback], max_epochs: int = 3) -> tuple[Tiny, H
     [
         pytest.param(
             lambda: GammaAnnealing(start=0.0, end=2.0),
-            # 3 epochs of 6 steps: until=1.0 is step 18.
-            "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 18 "
-            "(the end of training), but BoundedGamma rejects it: gamma must lie in [0, 1]; "
+            # 3 epochs of 6 steps, 0..17: until=1.0 is step 17.
+            "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 17 "
+            "(the last step), but BoundedGamma rejects it: gamma must lie in [0, 1]; "
             "got gamma=2.0",
             id="end",
         ),
@@ -582,15 +593,15 @@ def fit_bounded(callbacks: list[Callback], max_epochs: int = 3) -> tuple[Tiny, H
         ),
         pytest.param(
             lambda: LossScheduler("gamma", StepSchedule([0.0, 1.5, 1.0], [0.25, 0.5])),
-            # 0.25 * 18 = 4.5 -> 4 (halves to even).
+            # 0.25 * 17 = 4.25 -> 4.
             "LossScheduler (criterion.gamma): the schedule reaches gamma=1.5 at step 4, but "
             "BoundedGamma rejects it: gamma must lie in [0, 1]; got gamma=1.5",
             id="step-value",
         ),
         pytest.param(
             lambda: LossScheduler("gamma", LinearSchedule(0.0, 3.0, end=1.0), interval="epoch"),
-            "LossScheduler (criterion.gamma): the schedule reaches gamma=3.0 at epoch 3 "
-            "(the end of training), but BoundedGamma rejects it",
+            "LossScheduler (criterion.gamma): the schedule reaches gamma=3.0 at epoch 2 "
+            "(the last epoch), but BoundedGamma rejects it",
             id="epoch",
         ),
     ],
@@ -648,15 +659,16 @@ def test_without_a_sanity_check_a_step_schedule_is_checked_at_train_start():
 def test_schedule_inside_the_range_trains():
     model, _ = fit_bounded([GammaAnnealing(start=0.0, end=1.0)])
     assert len(model.seen) == 18
-    assert model.seen[-1].gamma == pytest.approx(17 / 18)
+    assert model.seen[-1].gamma == 1.0  # the end value, exactly, at the last step
 
 
 def test_value_past_the_end_of_training_is_not_reached():
-    # until=30 is after the 18 steps of training: at most 2.0 * 18 / 30 = 1.2 at the end.
-    with pytest.raises(ValueError, match=r"reaches gamma=1\.2 at step 18 \(the end"):
+    # until=30 is after the 18 steps of training: at most 2.0 * 17 / 30 at the last step, 17.
+    with pytest.raises(ValueError, match=rf"reaches gamma={2.0 * 17 / 30!r} at step 17 \(the last"):
         fit_bounded([GammaAnnealing(start=0.0, end=2.0, until=30)])
-    model, _ = fit_bounded([GammaAnnealing(start=0.0, end=2.0, until=36)])  # 1.0 at the end
+    model, _ = fit_bounded([GammaAnnealing(start=0.0, end=2.0, until=34)])  # 1.0 at the end
     assert len(model.seen) == 18
+    assert model.seen[-1].gamma == 1.0
 
 
 def test_loss_switch_stage_with_an_invalid_value_fails_at_setup():
@@ -706,8 +718,8 @@ def test_gamma_annealing_beyond_one_on_gamma_ce_fails_before_the_first_step():
     # Uses GammaCrossEntropyLoss.check_hyperparameters (lightning_losses/losses.py).
     model, spy = Tiny(), HookSpy()  # GammaCrossEntropyLoss(gamma=0.0)
     message = (
-        "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 18 (the end "
-        "of training), but GammaCrossEntropyLoss rejects it: "
+        "GammaAnnealing (criterion.gamma): the schedule reaches gamma=2.0 at step 17 (the last "
+        "step), but GammaCrossEntropyLoss rejects it: "
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}") as error:
         fit([GammaAnnealing(end=2.0), spy], model=model)
@@ -725,7 +737,7 @@ def test_callbacks_from_yaml():
         callbacks:
           - class_path: lightning_losses.callbacks.LossScheduler
             init_args:
-              attribute: threshold
+              hyperparameter: threshold
               schedule:
                 class_path: lightning_losses.callbacks.StepSchedule
                 init_args: {values: [0.0, 0.1], milestones: [0.5]}

@@ -21,14 +21,15 @@ from lightning_losses.callbacks import (
 from lightning_losses.callbacks import schedules as schedules_module
 
 # (start, end, total, s, e): the boundaries as given, and the steps they resolve to, worked out
-# by hand from round(fraction * total) (Python rounds halves to even: 2.5 -> 2, 13.5 -> 14).
+# by hand from round(fraction * (total - 1)), steps being 0..total-1 (Python rounds halves to
+# even: 2.5 -> 2, 7.5 -> 8, 13.5 -> 14).
 TIMINGS = [
     pytest.param(0, 10, 10, 0, 10, id="ints"),
-    pytest.param(0.1, 0.9, 20, 2, 18, id="fractions"),
+    pytest.param(0.1, 0.9, 21, 2, 18, id="fractions"),
     pytest.param(3, 0.5, 16, 3, 8, id="int-start-fraction-end"),
     pytest.param(0.0, 7, 9, 0, 7, id="fraction-start-int-end"),
-    pytest.param(0.25, 1.0, 10, 2, 10, id="half-rounds-to-even"),
-    pytest.param(0.25, 0.75, 18, 4, 14, id="halves-both-ways"),
+    pytest.param(0.25, 1.0, 11, 2, 10, id="half-rounds-to-even"),
+    pytest.param(0.25, 0.75, 19, 4, 14, id="halves-both-ways"),
     pytest.param(5, 12, 8, 5, 12, id="end-after-total"),
 ]
 VALUES = [(0.0, 1.0), (2.0, -1.0), (0.5, 0.5), (-3.0, 4.0)]
@@ -81,10 +82,10 @@ def test_exponential_midpoint_is_geometric_mean():
     [
         ([1.0, 0.5, 0.1], [2, 5], None, [1.0, 1.0, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1]),
         ([1.0, 0.5, 0.1], [0.25, 0.5], 8, [1.0, 1.0, 0.5, 0.5, 0.1, 0.1, 0.1, 0.1, 0.1]),
-        ([3.0, 2.0, 1.0], [1, 0.5], 6, [3.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]),
+        ([3.0, 2.0, 1.0], [1, 0.5], 7, [3.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]),
         ([7.0], [], None, [7.0, 7.0, 7.0]),
         ([0.0, 1.0], [0], None, [1.0, 1.0]),
-        # 0.3 * 4 and 0.35 * 4 both round to 1: the middle value is skipped.
+        # 0.3 * 3 and 0.35 * 3 both round to 1: the middle value is skipped.
         ([1.0, 2.0, 3.0], [0.3, 0.35], 4, [1.0, 3.0, 3.0, 3.0, 3.0]),
     ],
 )
@@ -137,9 +138,9 @@ def test_step_fraction_needs_a_total():
 
 def test_mixed_boundaries_resolving_out_of_order():
     with pytest.raises(ValueError, match=r"end must be after start.*step 30.*step 5"):
-        LinearSchedule(0.0, 1.0, start=30, end=0.5)(0, 10)
+        LinearSchedule(0.0, 1.0, start=30, end=0.5)(0, 11)
     with pytest.raises(ValueError, match=r"milestones must be increasing.*\[30, 5\]"):
-        StepSchedule([1.0, 2.0, 3.0], [30, 0.5])(0, 10)
+        StepSchedule([1.0, 2.0, 3.0], [30, 0.5])(0, 11)
 
 
 @pytest.mark.parametrize(
@@ -264,15 +265,16 @@ def test_step_extremes_bound_every_value(values, gaps, first, length):
 
 
 def test_extremes_closed_forms():
-    # The end value is dated at the resolved end (0.5 * 10 = 5) when the window reaches it.
-    assert LinearSchedule(0.0, 2.0, start=2, end=0.5).extremes(0, 10, 10) == [(0, 0.0), (5, 2.0)]
+    # The end value is dated at the resolved end (0.5 * (11 - 1) = 5) when the window reaches it.
+    assert LinearSchedule(0.0, 2.0, start=2, end=0.5).extremes(0, 10, 11) == [(0, 0.0), (5, 2.0)]
     # A window that stops before the end: its first and last values, (1 + cos(pi p / 4)) / 2.
     (at_1, first), (at_2, last) = CosineSchedule(1.0, 0.0, start=0, end=4).extremes(1, 2)
     assert (at_1, at_2) == (1, 2)
     assert close(first, (1 + math.cos(math.pi / 4)) / 2)
     assert close(last, 0.5)
-    assert ExponentialSchedule(1.0, 0.01).extremes(0, 8, 8) == [(0, 1.0), (8, 0.01)]
-    # Every value of a step schedule whose milestone lies in (first, last]: 0.25 * 8 = 2.
+    # A run of 8 steps: 0..7, the end value at the last one.
+    assert ExponentialSchedule(1.0, 0.01).extremes(0, 7, 8) == [(0, 1.0), (7, 0.01)]
+    # Every value of a step schedule whose milestone lies in (first, last]: 0.25 * 7 -> 2.
     step = StepSchedule([5.0, 0.5, 3.0, 9.0], milestones=[0.25, 4, 100])
     assert step.extremes(0, 8, 8) == [(0, 5.0), (2, 0.5), (4, 3.0)]
     assert step.extremes(3, 8, 8) == [(3, 0.5), (4, 3.0)]

@@ -330,5 +330,6 @@ def test_loss_scheduler_drives_alpha_of_mbls_in_a_plain_lightning_module():
 
 
 def test_loss_scheduler_rejects_a_negative_alpha_before_training():
-    with pytest.raises(ValueError, match=r"alpha=-0\.5.*MbLSLoss rejects it: alpha must lie in"):
+    # 2 steps, 0 and 1: the last one reaches -0.5 * 1 / 2 (end=2 is never reached).
+    with pytest.raises(ValueError, match=r"alpha=-0\.25 at step 1.*MbLSLoss rejects it: alpha"):
         fit([LossScheduler("alpha", LinearSchedule(0.0, -0.5, start=0, end=2))])

@@ -127,7 +127,7 @@ def test_gamma_annealing_follows_its_closed_form(tmp_path):
     assert total == 15  # 1,077 training rows in batches of 256, three epochs
     assert [s for s, _ in values] == list(range(total))
     for step, gamma in values:
-        assert gamma == pytest.approx(step / total, abs=1e-12)
+        assert gamma == pytest.approx(step / (total - 1), abs=1e-12)  # 1.0 at the last step
 
 
 # Lightning's note that the resumed trainer lacks the checkpoint's callbacks: on purpose (the
