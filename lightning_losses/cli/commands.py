@@ -10,6 +10,7 @@ back.
 from __future__ import annotations
 
 import argparse
+import sys
 from importlib import metadata
 
 from lightning_losses.cli.config_files import config_names
@@ -19,9 +20,14 @@ __all__ = [
     "COMMANDS",
     "DESCRIPTION",
     "LIGHTNING_COMMANDS",
+    "LM_COMMANDS",
+    "LM_DESCRIPTION",
     "PROG",
     "SUMMARY",
     "build_parser",
+    "language_model_epilog",
+    "language_model_parser",
+    "language_model_usage",
     "lightning_epilog",
     "sync_tracking_parser",
     "version",
@@ -37,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "validate": "evaluate a checkpoint on the validation split (needs --ckpt_path)",
     "test": "evaluate a checkpoint on the test split (needs --ckpt_path)",
     "predict": "predict with a checkpoint (needs --ckpt_path)",
+    "lm": "train or evaluate the tiny language model: lm fit|validate|test (default config lm_ce)",
     "compare": "the runs of an MLflow experiment side by side (table, CSV, diagrams)",
     "sync-tracking": "replay the tracking calls a dead MLflow server missed (a spool)",
     "reproduce": "test the source documents' claims with tracked runs, write a report with figures",
@@ -51,7 +58,8 @@ DESCRIPTION = (
     "Classification losses against overconfidence and imbalance, with calibration and MLflow "
     "tracking. fit/validate/test/predict: LightningCLI over ClassifierModule (default config: "
     "digits, gamma-CE annealed 0 -> 1). Also: `lightning-losses compare` (runs of an MLflow "
-    "experiment side by side), `lightning-losses sync-tracking SPOOL` (replay what a dead "
+    "experiment side by side), `lightning-losses lm fit --config lm_ce` (the tiny language "
+    "model), `lightning-losses sync-tracking SPOOL` (replay what a dead "
     "tracking server missed), `lightning-losses reproduce` (test the source documents' "
     "claims, write a report: reports/REPORT.md for the full run, reproduce_runs/ for a "
     "partial one); each takes --help."
@@ -83,7 +91,8 @@ def lightning_epilog() -> str:
         True
     """
     return (
-        f"Shipped configs (--config NAME, or the path of a file): {', '.join(config_names())}. "
+        f"Shipped configs (--config NAME, or the path of a file): {', '.join(config_names())} "
+        f"(the language model's: `{PROG} lm fit --help`). "
         f"Losses by registry name (--model.criterion NAME): {', '.join(BUILTIN_LOSSES)}; "
         "--model.criterion.help CLASS lists a loss's hyper-parameters. The package's callbacks "
         "and DataModules are listed under --trainer.callbacks and --data. The defaults shown "
@@ -91,6 +100,91 @@ def lightning_epilog() -> str:
         "the --config given. --verbose (anywhere on the command line) shows Lightning's and "
         "MLflow's own output, which is hidden by default."
     )
+
+
+#: The subcommands of ``lightning-losses lm``, with their one-line summaries.
+LM_COMMANDS: dict[str, str] = {
+    "fit": "train the tiny language model (without --config: lm_ce)",
+    "validate": "perplexity and token ECE of a checkpoint on the validation split (--ckpt_path)",
+    "test": "the same on the test split (--ckpt_path; needs --data.init_args.test_fraction > 0)",
+}
+#: What ``lightning-losses lm --help`` and ``lm fit --help`` say above the options.
+LM_DESCRIPTION = (
+    "A tiny causal Transformer language model on Python's own documentation (pydoc_data.topics), "
+    "trained through the chunked linear-head losses and tracked in MLflow like `lightning-losses "
+    "fit`. A fit ends with the validation perplexity and token ECE, the token reliability "
+    "diagram, the checkpoint folder and the MLflow run."
+)
+
+
+def language_model_epilog() -> str:
+    """What ``lightning-losses lm fit --help`` (and ``validate``/``test``) says below the options.
+
+    Example:
+        >>> "lm_ce" in language_model_epilog() and "digits_ce" not in language_model_epilog()
+        True
+    """
+    return (
+        f"Shipped configs (--config NAME, or the path of a file): {', '.join(config_names('lm'))}. "
+        "--verbose (anywhere on the command line) shows Lightning's and MLflow's own output, "
+        "which is hidden by default."
+    )
+
+
+def language_model_parser() -> argparse.ArgumentParser:
+    """The light parser of ``lightning-losses lm``: its ``--help`` lists the subcommands.
+
+    Each subcommand parses its own arguments (a LightningCLI); this parser answers only
+    ``lightning-losses lm --help`` and a missing or unknown subcommand, without torch.
+
+    Example:
+        >>> text = language_model_parser().format_help()
+        >>> text.startswith("usage: lightning-losses lm"), "lm_ce" in text
+        (True, True)
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} lm",
+        description=LM_DESCRIPTION,
+        epilog=f"`{PROG} lm COMMAND --help` describes a command's options. "
+        + language_model_epilog(),
+        allow_abbrev=False,
+    )
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    for name, summary in LM_COMMANDS.items():
+        commands.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def language_model_usage(args: list[str]) -> int | None:
+    """Answer ``lightning-losses lm`` without a subcommand to run; ``None`` when there is one.
+
+    ``--help`` (or ``-h``) alone prints :func:`language_model_parser`'s help (exit status 0);
+    no subcommand, or an unknown one, is a usage error (exit status 2) naming the subcommands.
+
+    Example:
+        >>> language_model_usage(["fit", "--config", "lm_ce"]) is None
+        True
+        >>> language_model_usage(["--help"])  # doctest: +ELLIPSIS
+        usage: lightning-losses lm [-h] COMMAND ...
+        ...
+        0
+    """
+    command = args[0] if args else ""
+    if command in LM_COMMANDS:
+        return None
+    parser = language_model_parser()
+    if command in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    if not command or command.startswith("-"):
+        parser.print_usage(sys.stderr)
+        print(
+            f"{parser.prog}: error: a command is required: {', '.join(LM_COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    parser.parse_args(args)  # an unknown command: argparse's error (exit status 2) names them
+    return 2  # pragma: no cover (parse_args exits)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,13 @@
 """The ``lightning-losses`` console script: a light dispatcher over the commands.
 
 ``lightning-losses COMMAND ...`` imports the module of ``COMMAND`` only when it runs, so that
-``lightning-losses --help`` and ``lightning-losses compare|sync-tracking|reproduce --help``
-answer without importing torch, Lightning or MLflow:
+``lightning-losses --help``, ``lightning-losses lm --help`` and ``lightning-losses
+compare|sync-tracking|reproduce --help`` answer without importing torch, Lightning or MLflow:
 
 - ``fit``, ``validate``, ``test``, ``predict`` (and top-level options such as ``--config``):
   :func:`lightning_losses.cli.fit.main` (LightningCLI);
+- ``lm fit|validate|test``: :func:`lightning_losses.lm.cli.main` (the language model's
+  LightningCLI), after the light checks of its command line;
 - ``compare``: :func:`lightning_losses.compare.cli.main`;
 - ``sync-tracking``: :func:`lightning_losses.tracking.sync_paths`, after the light parser
   :func:`lightning_losses.cli.commands.sync_tracking_parser`;
@@ -26,9 +28,11 @@ from lightning_losses.cli.commands import (
     LIGHTNING_COMMANDS,
     PROG,
     build_parser,
+    language_model_usage,
     sync_tracking_parser,
     version,
 )
+from lightning_losses.cli.config_files import check_config_programs, language_model_args
 
 __all__ = ["console_main"]
 
@@ -56,6 +60,7 @@ def _lightning(args: list[str], from_command_line: bool) -> int:
     """Run a LightningCLI command after the light checks (:mod:`lightning_losses.cli.checks`)."""
     try:
         args = check_command_line(args)
+        check_config_programs(args, "fit")  # not a language model's config
     except ValueError as error:  # one line, before Lightning is imported
         command = f"{PROG} {args[0]}" if args[0] in LIGHTNING_COMMANDS else PROG
         print(f"{command}: error: {error}", file=sys.stderr)
@@ -67,6 +72,22 @@ def _lightning(args: list[str], from_command_line: bool) -> int:
         main(None)
     else:
         main(args)
+    return 0
+
+
+def _language_model(args: list[str]) -> int:
+    """``lightning-losses lm ...``: help without torch, light checks, then the LM's CLI."""
+    answered = language_model_usage(args)
+    if answered is not None:
+        return answered
+    try:
+        args = check_command_line(language_model_args(args))
+    except ValueError as error:  # one line, before Lightning is imported
+        print(f"{PROG} lm {args[0]}: error: {error}", file=sys.stderr)
+        return 2
+    from lightning_losses.lm.cli import main
+
+    main(args)
     return 0
 
 
@@ -98,6 +119,8 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         return _compare(args[1:])
     if command == "reproduce":
         return _reproduce(args[1:])
+    if command == "lm":
+        return _language_model(args[1:])
     if command in LIGHTNING_COMMANDS or (
         command.startswith("-") and command not in ("-h", "--help")
     ):

@@ -21,7 +21,8 @@ vocabulary of thousands of words. This module is the smallest complete example o
 - :mod:`~lightning_losses.lm.evaluation`: held-out token metrics of a trained model, greedy and
   sampled continuations of held-out prompts, their repetition rate and the share of tokens a
   reference model finds improbable;
-- :func:`main`: ``python -m lightning_losses.lm fit --config configs/lm/lm_ce.yaml``.
+- :func:`main`: ``lightning-losses lm fit --config lm_ce`` (or ``python -m lightning_losses.lm
+  fit ...``).
 """
 
 from __future__ import annotations

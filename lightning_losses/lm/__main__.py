@@ -1,6 +1,8 @@
-"""``python -m lightning_losses.lm``: the language model's command line."""
+"""``python -m lightning_losses.lm fit --config lm_ce``: as ``lightning-losses lm fit ...``."""
 
-from lightning_losses.lm.cli import main
+import sys
+
+from lightning_losses.lm.cli import console_main
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    sys.exit(console_main())

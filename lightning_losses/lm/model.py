@@ -215,7 +215,10 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
     and from :class:`TokenCalibration` ``val/nll``, ``val/ppl``, ``val/acc``, ``val/ece``,
     ``val/ece_debiased``, ``val/ece_low`` and ``val/ece_high`` (token-level, plain
     cross-entropy semantics whatever the training loss; the interval hashes each token by its
-    position in the validation windows, :meth:`TokenCalibration.window_positions`). The
+    position in the validation windows, :meth:`TokenCalibration.window_positions`); the same
+    under ``test/`` by ``trainer.test``. After each validation epoch (not the sanity check)
+    :attr:`last_val_bins` holds its per-bin token sums ``(count, confidence, correct)``,
+    summed over processes, for a reliability diagram. The
     ``[tokens, vocabulary]`` logits never leave the criterion, so ``validation_step`` returns
     nothing for ``CalibrationMonitor``, and ``LossSwitch`` must be given ``LinearTargetLoss``
     specifications (``class_path`` mappings), not names of the logits losses.
@@ -276,6 +279,10 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         self.set_criterion(criterion)
         self.val_calibration = TokenCalibration(n_bins)
         self.val_loss = MeanOfTerms()
+        self.test_calibration = TokenCalibration(n_bins)
+        self.test_loss = MeanOfTerms()
+        #: ``(epoch, (count, confidence sum, correct sum))`` of the last validation epoch.
+        self.last_val_bins: tuple[int, tuple[Tensor, Tensor, Tensor]] | None = None
 
     @property
     def context_length(self) -> int:
@@ -308,13 +315,14 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        """Accumulate ``val/loss`` and the token statistics of :class:`TokenCalibration`."""
+    def _evaluation_step(self, batch: Sequence[Tensor], stage: str) -> None:
+        """Accumulate ``<stage>/loss`` and the token statistics of :class:`TokenCalibration`."""
         tokens, target = batch
         hidden, loss = self._loss(tokens, target)
+        mean_loss, calibration = self._evaluation_metrics(stage)
         # A sum-state mean: exact under DDP whatever each process holds.
-        self.val_loss.update(loss, weight=target.numel())
-        self.log("val/loss", self.val_loss, on_epoch=True, prog_bar=True)
+        mean_loss.update(loss, weight=target.numel())
+        self.log(f"{stage}/loss", mean_loss, on_epoch=True, prog_bar=True)
         ignore_index = getattr(self.criterion, "ignore_index", -100)
         statistics = linear_prediction_statistics(
             hidden,
@@ -324,15 +332,46 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
             ignore_index=ignore_index,
         )
         # Positions from the windows' order (not batch_idx): the interval is batching-free.
-        index = self.val_calibration.window_positions(target, ignore_index)
-        self.val_calibration.update(*statistics, index=index)
+        index = calibration.window_positions(target, ignore_index)
+        calibration.update(*statistics, index=index)
+
+    def _evaluation_metrics(self, stage: str) -> tuple[MeanOfTerms, TokenCalibration]:
+        if stage == "test":
+            return self.test_loss, self.test_calibration
+        return self.val_loss, self.val_calibration
+
+    def _log_token_metrics(self, stage: str) -> None:
+        """Log ``<stage>/<name>`` of :class:`TokenCalibration`'s values, then reset it."""
+        calibration = self._evaluation_metrics(stage)[1]
+        results = calibration.compute()
+        for name, value in results.items():
+            self.log(f"{stage}/{name}", value.float(), prog_bar=name == "ppl")
+        if stage == "val" and not (self._attached_to_trainer() and self.trainer.sanity_checking):
+            with calibration.sync_context():  # the bins of every process's tokens
+                bins = (
+                    calibration.bin_count.clone(),
+                    calibration.bin_confidence.clone(),
+                    calibration.bin_correct.clone(),
+                )
+            epoch = self.trainer.current_epoch if self._attached_to_trainer() else 0
+            self.last_val_bins = (epoch, bins)
+        calibration.reset()
+
+    def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        """Accumulate ``val/loss`` and the token statistics of :class:`TokenCalibration`."""
+        self._evaluation_step(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
         """Log ``val/<name>`` of :class:`TokenCalibration`'s values over the epoch's tokens."""
-        results = self.val_calibration.compute()
-        for name, value in results.items():
-            self.log(f"val/{name}", value.float(), prog_bar=name == "ppl")
-        self.val_calibration.reset()
+        self._log_token_metrics("val")
+
+    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        """Accumulate ``test/loss`` and the test split's token statistics."""
+        self._evaluation_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        """Log ``test/<name>``: perplexity, token ECE... over the test split's tokens."""
+        self._log_token_metrics("test")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The optimizer ``optimizer`` makes (a factory or a ``class_path`` mapping), else Adam."""

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 from lightning_losses.tracking.constants import CHECKPOINT_KEY
 from lightning_losses.tracking.params import flatten
-from lightning_losses.tracking.summary import describe_fit, describe_run, last_diagram
+from lightning_losses.tracking.summary import (
+    describe_fit,
+    describe_run,
+    final_values,
+    last_diagram,
+)
 from lightning_losses.tracking.uri import redact_uri
 
 
@@ -42,8 +47,16 @@ class TrackingConfigCallback(SaveConfigCallback):
     the ``describe()`` of each callback that changes it) and a few when it ends
     (:func:`describe_run`: the run id, experiment and tracking URI; the final ``val/acc``,
     ``val/nll`` and ``val/ece``; the last reliability diagram; the checkpoint folder; how to
-    see the run).
+    see the run). Its lines begin with :attr:`command`; :meth:`final_values` words the final
+    values.
     """
+
+    #: The command named at the start of the printed lines.
+    command = "lightning-losses fit"
+
+    def final_values(self, metrics: Any) -> str:
+        """The final values printed when a fit ends: ``val/acc``, ``val/nll``, ``val/ece``."""
+        return final_values(metrics)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Save the config as Lightning does, into the run folder when a logger has one."""
@@ -87,7 +100,7 @@ class TrackingConfigCallback(SaveConfigCallback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Print the criterion and the callbacks that change it (rank 0)."""
         if trainer.is_global_zero:
-            print(f"lightning-losses fit: {describe_fit(pl_module, trainer.callbacks)}", flush=True)
+            print(f"{self.command}: {describe_fit(pl_module, trainer.callbacks)}", flush=True)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Print the run, its final values, diagram, checkpoint folder and viewer (rank 0)."""
@@ -96,10 +109,11 @@ class TrackingConfigCallback(SaveConfigCallback):
         folders = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
         metrics = trainer.callback_metrics
         diagram = last_diagram(trainer.callbacks)
+        values = self.final_values(metrics)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger._run_id is not None:
-                summary = describe_run(logger, folders, metrics, diagram)
-                print(f"lightning-losses fit: {summary}", flush=True)
+                summary = describe_run(logger, folders, metrics, diagram, values)
+                print(f"{self.command}: {summary}", flush=True)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
         """Store the MLflow run (id, experiment, redacted URI) in the checkpoint."""

@@ -64,6 +64,7 @@ def describe_run(
     checkpoint_dirs: Iterable[str | Path | None],
     metrics: Mapping[str, Any] | None = None,
     diagram: str | Path | None = None,
+    values: str | None = None,
 ) -> str:
     """A few lines on a finished fit: its run, final validation values, diagram, files, viewer.
 
@@ -74,6 +75,8 @@ def describe_run(
         metrics: the values logged last (``trainer.callback_metrics``): ``val/acc``,
             ``val/nll`` and ``val/ece`` are shown, 4 decimals, those present.
         diagram: the last reliability diagram written (``CalibrationMonitor.last_diagram``).
+        values: the final validation values as text, instead of :func:`final_values` of
+            ``metrics`` (the language model's perplexity and token ECE).
 
     Returns:
         The run line (run id, experiment, tracking URI redacted by :func:`redact_uri`), then
@@ -90,7 +93,7 @@ def describe_run(
             pass
     folders = ", ".join(dict.fromkeys(str(d) for d in checkpoint_dirs if d)) or "none"
     lines = [f"MLflow run {logger.run_id} (experiment {name!r}) in {redact_uri(uri)}"]
-    values = final_values(metrics or {})
+    values = final_values(metrics or {}) if values is None else values
     if values:
         lines.append(f"  final validation: {values}")
     if diagram:

@@ -64,7 +64,16 @@ def test_top_level_help_lists_every_command_without_heavy_imports():
     assert result == {"status": 0, "heavy": []}
     assert text.startswith("usage: lightning-losses")
     listed = text.split("commands:", 1)[1]
-    for command in ("fit", "validate", "test", "predict", "compare", "sync-tracking", "reproduce"):
+    for command in (
+        "fit",
+        "validate",
+        "test",
+        "predict",
+        "lm",
+        "compare",
+        "sync-tracking",
+        "reproduce",
+    ):
         assert f"\n    {command}" in listed, command
 
 
@@ -74,6 +83,7 @@ def test_top_level_help_lists_every_command_without_heavy_imports():
         ("compare", "--experiment"),
         ("sync-tracking", "--tracking-uri"),
         ("reproduce", "--epochs-scale"),
+        ("lm", "lm_ce"),
     ],
 )
 def test_command_help_is_light(command, option):
