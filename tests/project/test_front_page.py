@@ -231,10 +231,11 @@ def real_counts() -> list[tuple[re.Pattern[str], int, str]]:
     return [(re.compile(p, re.IGNORECASE), n, what) for p, n, what in rules]
 
 
-#: Any count of configs, claims, losses or calibrators: each must be one a rule knows.
+#: A count of a set the repository defines (configs of a kind, claims, the literature's losses,
+#: calibrators): each must be one a rule knows. "two configs" alone is no such count.
 STATED = re.compile(
-    rf"\b{NUMBER}\s+(?:(?:shipped|fit|lm|language-model|post-hoc|train-time)\s+)?"
-    r"(?:configs|claims|losses|calibrators)\b",
+    rf"\b{NUMBER}\s+(?:(?:shipped|fit|lm|language-model)\s+configs|claims|losses from|"
+    r"(?:post-hoc\s+)?calibrators)\b",
     re.IGNORECASE,
 )
 
@@ -250,8 +251,8 @@ def stated_counts(text: str, rules) -> list[tuple[str, int, int, str]]:
 
     Example:
         >>> rules = [(re.compile(rf"{NUMBER} claims", re.I), 9, "claims")]
-        >>> stated_counts("all nine claims; Six losses", rules)
-        [('nine claims', 9, 9, 'claims'), ('Six losses', 6, -1, '')]
+        >>> stated_counts("all nine claims; Six losses from papers; two configs", rules)
+        [('nine claims', 9, 9, 'claims'), ('Six losses from', 6, -1, '')]
     """
     known: dict[int, tuple[int, str]] = {}
     for rule, real, what in rules:
