@@ -28,11 +28,20 @@ import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from lightning_losses.cli.commands import PROG
 from lightning_losses.cli.config_files import resolve_config_args
+from lightning_losses.cli.option_names import (
+    classifier_arguments,
+    loss_arguments,
+    misspelled,
+    trainer_arguments,
+)
 from lightning_losses.loss_names import BUILTIN_LOSSES, unknown_loss_message
+from lightning_losses.loss_ranges import LOSS_RANGES, range_message
 
 __all__ = [
     "CRITERION_OPTION",
@@ -40,8 +49,10 @@ __all__ = [
     "UsageError",
     "check_command_line",
     "checkpoint_problem",
+    "spelling_problem",
     "store_error_message",
     "store_errors_in_one_line",
+    "value_problem",
 ]
 
 #: The groups of the dotted options of the LightningCLI subcommands (``--trainer.max_epochs``).
@@ -62,7 +73,9 @@ def _options(args: Sequence[str]) -> Iterator[tuple[str, str | None]]:
         option, equals, value = arg.partition("=")
         if equals:
             yield option, value
-        elif index + 1 < len(args) and not args[index + 1].startswith("-"):
+        elif index + 1 < len(args) and (
+            not args[index + 1].startswith("-") or _number(args[index + 1]) is not None
+        ):
             yield option, args[index + 1]
         else:
             yield option, None
@@ -127,7 +140,250 @@ did you mean --trainer.max_epochs?
         _check_group(option)
         if option == CRITERION_OPTION and value is not None:
             _check_criterion(value)
+    configs = _configs(args)
+    problem = spelling_problem(args, configs) or value_problem(args, configs)
+    if problem is not None:
+        raise UsageError(problem)
     return args
+
+
+# --- values out of the losses' ranges (lightning_losses.loss_ranges) -----------------------
+
+#: The packaged config a command without ``--config`` runs (as lightning_losses.cli.fit's).
+_DEFAULT_CONFIG = "default_config.yaml"
+#: The registry name of each built-in loss class (``FocalLoss`` -> ``focal``).
+_REGISTRY_NAMES = {class_name: name for name, class_name in BUILTIN_LOSSES.items()}
+_CRITERION_KEYS = (f"{CRITERION_OPTION}.init_args.", f"{CRITERION_OPTION}.")
+_CALLBACKS_OPTION = "--trainer.callbacks"
+_CALLBACK_KEYS = (f"{_CALLBACKS_OPTION}.init_args.", f"{_CALLBACKS_OPTION}.")
+#: The schedule of a loss's ``gamma``, and its arguments that are values of that ``gamma``.
+_GAMMA_SCHEDULE = "lightning_losses.callbacks.GammaAnnealing"
+
+
+def _yaml(text: str) -> Any:
+    """``text`` as YAML (what jsonargparse reads a value or a config file as); ``None`` if not."""
+    import yaml  # jsonargparse's own dependency, light (no torch)
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+
+
+def _configs(args: Sequence[str]) -> list[dict[str, Any]]:
+    """The config files ``args`` name (shipped names resolved), else the packaged default."""
+    try:
+        args = resolve_config_args(list(args))
+    except ValueError:  # an unknown name: check_command_line's error
+        return []
+    paths = [
+        args[index + 1]
+        for index, arg in enumerate(args[:-1])
+        if arg in ("-c", "--config") and args[index + 1] != "-"
+    ] + [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    if not paths and not any(arg in ("-h", "--help") for arg in args):
+        paths = [str(resources.files("lightning_losses") / _DEFAULT_CONFIG)]
+    configs = []
+    for path in paths:
+        try:
+            config = _yaml(Path(path).read_text())
+        except OSError:
+            continue
+        if isinstance(config, dict):
+            configs.append(config)
+    return configs
+
+
+def _number(value: Any) -> float | None:
+    """A real number given as one (YAML's ``1e12`` is a string): ``float``; else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _loss_name(spec: Any) -> str | None:
+    """The registry name of a criterion given by name or ``class_path`` (built-ins only)."""
+    path = spec.get("class_path") if isinstance(spec, dict) else spec
+    if not isinstance(path, str):
+        return None
+    if path in BUILTIN_LOSSES:
+        return path
+    module, _, name = path.rpartition(".")
+    if module.split(".")[0] != "lightning_losses":
+        return None
+    return _REGISTRY_NAMES.get(name)
+
+
+def _criterion(configs: list[dict[str, Any]], args: Sequence[str]) -> tuple[str | None, dict]:
+    """The built-in loss the command would build and the ``init_args`` it would be given."""
+    name, init_args = None, {}
+    for config in configs:
+        spec = (config.get("model") or {}).get("criterion") if config.get("model") else None
+        if spec is not None:
+            name = _loss_name(spec)
+            given = spec.get("init_args") if isinstance(spec, dict) else None
+            init_args = dict(given) if isinstance(given, dict) else {}
+    for option, value in _options(args):
+        if option in (CRITERION_OPTION, f"{CRITERION_OPTION}.class_path"):
+            chosen = _loss_name(value)
+            if chosen != name:  # another class: the config's arguments are not checked
+                name, init_args = chosen, {}
+        elif option.startswith(_CRITERION_KEYS) and value is not None:
+            key = option.removeprefix(_CRITERION_KEYS[0]).removeprefix(_CRITERION_KEYS[1])
+            init_args[key] = _yaml(value)
+    return name, init_args
+
+
+def _callbacks(configs: list[dict[str, Any]], args: Sequence[str]) -> list[dict] | None:
+    """The callbacks of the configs and of ``--trainer.callbacks+=``; ``None`` if replaced."""
+    callbacks: list[dict] = []
+    for config in configs:
+        given = (config.get("trainer") or {}).get("callbacks") if config.get("trainer") else None
+        if isinstance(given, list):
+            callbacks = [dict(c) for c in given if isinstance(c, dict)]
+    for option, value in _options(args):
+        if option == f"{_CALLBACKS_OPTION}+" and value is not None:
+            callbacks.append({"class_path": value, "init_args": {}})
+        elif option == _CALLBACKS_OPTION:
+            return None  # a new list: the parser's to read
+        elif option.startswith(_CALLBACK_KEYS) and value is not None and callbacks:
+            key = option.removeprefix(_CALLBACK_KEYS[0]).removeprefix(_CALLBACK_KEYS[1])
+            last = callbacks[-1]
+            last["init_args"] = {**(last.get("init_args") or {}), key: _yaml(value)}
+    return callbacks
+
+
+def _out_of_range(name: str, values: Any, loss: str) -> str | None:
+    """The loss's message for a value (or a sequence's first value) of ``name`` out of range."""
+    bounds = LOSS_RANGES.get(loss, {}).get(name)
+    if bounds is None:
+        return None
+    for value in values if isinstance(values, list) else [values]:
+        number = _number(value)
+        message = None if number is None else range_message(name, number, **bounds)
+        if message is not None:
+            return message
+    return None
+
+
+def _schedule_problem(index: int, callback: dict, loss: str) -> str | None:
+    """A ``GammaAnnealing`` whose ``start`` or ``end`` is a ``gamma`` the loss rejects."""
+    path = str(callback.get("class_path", ""))
+    init_args = callback.get("init_args") or {}
+    if path.rpartition(".")[2] != _GAMMA_SCHEDULE.rpartition(".")[2]:
+        return None
+    if not path.startswith("lightning_losses.") or init_args.get("losses"):
+        return None
+    if init_args.get("attribute", "criterion") != "criterion":
+        return None
+    until = init_args.get("until", 1.0)
+    reached = {  # the values the schedule surely takes: at its first and its last step
+        "start": init_args.get("begin", 0) in (0, 0.0),
+        "end": isinstance(until, float) and until <= 1.0,  # a fraction of the training
+    }
+    for argument, surely in reached.items():
+        if not surely or argument not in init_args:
+            continue
+        message = _out_of_range("gamma", init_args[argument], loss)
+        if message is not None:
+            return (
+                f"trainer.callbacks[{index}]: GammaAnnealing: {argument}={init_args[argument]!r} "
+                f"is a value of the criterion's gamma, which {BUILTIN_LOSSES[loss]} rejects: "
+                f"{message}"
+            )
+    return None
+
+
+def _classifier(configs: list[dict[str, Any]]) -> bool:
+    """Whether the model is ``ClassifierModule`` (no config names a model ``class_path``)."""
+    return not any(
+        isinstance(config.get("model"), dict) and "class_path" in config["model"]
+        for config in configs
+    )
+
+
+def spelling_problem(
+    args: Sequence[str], configs: list[dict[str, Any]] | None = None
+) -> str | None:
+    """A misspelled ``--trainer.KEY``, ``--model.KEY`` or criterion argument; else ``None``.
+
+    The names are read from the classes' source (:mod:`lightning_losses.cli.option_names`);
+    only a name close to an argument (``max_epoch``) is refused, with that argument.
+
+    Example:
+        >>> spelling_problem(["fit", "--trainer.max_epoch=2"])
+        'unrecognized argument --trainer.max_epoch=2; did you mean --trainer.max_epochs?'
+    """
+    configs = _configs(args) if configs is None else configs
+    classifier = _classifier(configs)
+    loss, _ = _criterion(configs, args) if classifier else (None, {})
+    loss_names = loss_arguments(BUILTIN_LOSSES[loss]) if loss else None
+    for index, arg in enumerate(args):
+        option = arg.partition("=")[0]
+        given = arg if "=" in arg or index + 1 >= len(args) else f"{arg} {args[index + 1]}"
+        if option.startswith(_CRITERION_KEYS) and loss_names is not None:
+            key = option.removeprefix(_CRITERION_KEYS[0]).removeprefix(_CRITERION_KEYS[1])
+            close = misspelled(key, loss_names)
+            if close is not None and "." not in key:
+                return (
+                    f"{option}: {BUILTIN_LOSSES[loss or '']} has no argument {key!r}; did you "
+                    f"mean {close}?"
+                )
+            continue
+        group, _, rest = option.removeprefix("--").partition(".")
+        if group == "trainer":
+            accepted = trainer_arguments()
+        elif group == "model" and classifier:
+            accepted = classifier_arguments()
+        else:
+            continue
+        close = misspelled(rest.split(".")[0], accepted)
+        if close is not None:
+            suggestion = f"--{group}.{close}"
+            return f"unrecognized argument {given}; did you mean {suggestion}?"
+    return None
+
+
+def value_problem(args: Sequence[str], configs: list[dict[str, Any]] | None = None) -> str | None:
+    """A loss hyper-parameter out of its range, in the command line or its configs; else None.
+
+    Reads the configs (``--config``, else the packaged default) and the command line's
+    ``--model.criterion...`` and ``--trainer.callbacks...`` options as the parser would,
+    without importing torch, and checks the built-in loss's real-valued hyper-parameters, and
+    the ``start``/``end`` of a ``GammaAnnealing`` of its ``gamma``, against
+    :data:`lightning_losses.loss_ranges.LOSS_RANGES`: the bounds the loss's own check uses,
+    so the message is the one the loss would give. What it cannot tell (a loss of your own, a
+    value that is not a number, a schedule that may end before its ``end``) is left to the
+    parser and the constructors.
+
+    Example:
+        >>> value_problem(["fit", "--config=digits_focal", "--model.criterion.init_args.gamma=-1"])
+        'model.criterion: FocalLoss: gamma must lie in [0, inf); got -1.0'
+        >>> value_problem(["fit", "--model.criterion=focal", "--model.criterion.gamma=2"]) is None
+        True
+    """
+    configs = _configs(args) if configs is None else configs
+    if not _classifier(configs):  # a language model's config: its loss is under init_args
+        return None
+    loss, init_args = _criterion(configs, args)
+    if loss is None:
+        return None
+    for name, value in init_args.items():
+        message = _out_of_range(name, value, loss)
+        if message is not None:
+            return f"model.criterion: {BUILTIN_LOSSES[loss]}: {message}"
+    for index, callback in enumerate(_callbacks(configs, args) or []):
+        message = _schedule_problem(index, callback, loss)
+        if message is not None:
+            return message
+    return None
 
 
 # --- a checkpoint file torch.load can read -------------------------------------------------

@@ -217,9 +217,9 @@ class DivergenceCheck(L.Callback):
         self._first = torch.where(new, index, self._first)
         self._value = torch.where(new, loss[0], self._value)
         if len(self._pending) >= self._every(trainer, loss):
-            self.check_now(trainer)
+            self.read_back(trainer)
 
-    def check_now(self, trainer: L.Trainer) -> None:
+    def read_back(self, trainer: L.Trainer) -> None:
         """Read back the steps recorded since the last look; stop at the first non-finite."""
         first, value, pending = self._first, self._value, self._pending
         self._first, self._value, self._pending = None, None, []
@@ -231,21 +231,21 @@ class DivergenceCheck(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Look before the epoch's end (and its checkpoints)."""
-        self.check_now(trainer)
+        self.read_back(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Look before validating (and the checkpoint that may follow)."""
-        self.check_now(trainer)
+        self.read_back(trainer)
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Look before any checkpoint is written: a diverged model is never saved."""
-        self.check_now(trainer)
+        self.read_back(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Look at the last steps."""
-        self.check_now(trainer)
+        self.read_back(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

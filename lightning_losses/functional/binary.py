@@ -31,13 +31,14 @@ from lightning_losses.functional.checks import (
 )
 from lightning_losses.functional.target_probability import check_focal, check_hard_truncated
 from lightning_losses.functional.truncation import check_soft_truncated
+from lightning_losses.loss_ranges import LOSS_RANGES
 
 
 def check_binary_focal(gamma: float, alpha: float | None) -> None:
     """``gamma >= 0`` (as :func:`check_focal`) and ``alpha`` in ``[0, 1]`` or ``None``."""
     check_focal(gamma)
     if alpha is not None:
-        check_range("alpha", alpha, low=0.0, high=1.0)
+        check_range("alpha", alpha, **LOSS_RANGES["binary_focal"]["alpha"])
 
 
 def check_binary_ignore_index(ignore_index: int | None) -> None:

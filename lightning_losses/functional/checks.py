@@ -26,6 +26,12 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor
 
+# The interval's words and test, and the range's message, are the light module's: the console
+# script checks command lines with them before torch is imported.
+from lightning_losses.loss_ranges import LOSS_RANGES, range_message
+from lightning_losses.loss_ranges import interval as _interval
+from lightning_losses.loss_ranges import outside as _outside
+
 REDUCTIONS = ("none", "mean", "sum")
 
 #: Options of the loss modules that hold one weight per class.
@@ -134,24 +140,6 @@ got None
         raise ArgumentTypeError(f"ignore_index must be an int; got {ignore_index!r}")
 
 
-def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    """``[low, high]`` in words for the messages, ``(`` / ``)`` on open or unbounded sides."""
-    left = "(" if low_open or low is None else "["
-    right = ")" if high_open or high is None else "]"
-    lo = "-inf" if low is None else f"{low:g}"
-    hi = "inf" if high is None else f"{high:g}"
-    return f"{left}{lo}, {hi}{right}"
-
-
-def _outside(
-    value: float, low: float | None, high: float | None, low_open: bool, high_open: bool
-) -> bool:
-    """Whether ``value`` is NaN, infinite or outside the range (see :func:`check_range`)."""
-    bad_low = low is not None and (value <= low if low_open else value < low)
-    bad_high = high is not None and (value >= high if high_open else value > high)
-    return bad_low or bad_high or not math.isfinite(value)
-
-
 def check_range(
     name: str,
     value: float,
@@ -193,9 +181,9 @@ def check_range(
         value = value.item()
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be a real number; got {type(value).__name__}")
-    if _outside(value, low, high, low_open, high_open):
-        interval = _interval(low, high, low_open, high_open)
-        raise ValueError(f"{name} must lie in {interval}; got {value!r}")
+    message = range_message(name, value, low=low, high=high, low_open=low_open, high_open=high_open)
+    if message is not None:
+        raise ValueError(message)
 
 
 @overload
@@ -904,8 +892,8 @@ def check_mbls(margin: float, alpha: float) -> None:
         ...
         ValueError: margin must lie in [0, inf); got -1.0
     """
-    check_range("margin", margin, low=0.0)
-    check_range("alpha", alpha, low=0.0)
+    check_range("margin", margin, **LOSS_RANGES["mbls"]["margin"])
+    check_range("alpha", alpha, **LOSS_RANGES["mbls"]["alpha"])
 
 
 def check_dual_focal(gamma: float) -> None:
@@ -920,7 +908,7 @@ def check_dual_focal(gamma: float) -> None:
         ...
         ValueError: gamma must lie in [0, inf); got -0.5
     """
-    check_range("gamma", gamma, low=0.0)
+    check_range("gamma", gamma, **LOSS_RANGES["dual_focal"]["gamma"])
 
 
 # --- the hyper-parameters of the batch-level calibration penalties ------------------------------
@@ -939,8 +927,8 @@ def check_mdca(beta: float, gamma: float) -> None:
         ...
         ValueError: beta must lie in [0, inf); got -1.0
     """
-    check_range("beta", beta, low=0.0)
-    check_range("gamma", gamma, low=0.0)
+    check_range("beta", beta, **LOSS_RANGES["mdca"]["beta"])
+    check_range("gamma", gamma, **LOSS_RANGES["mdca"]["gamma"])
 
 
 def check_dca(beta: float) -> None:
@@ -949,7 +937,7 @@ def check_dca(beta: float) -> None:
     Raises:
         ValueError: a negative, NaN or infinite value (``TypeError`` for a non-number).
     """
-    check_range("beta", beta, low=0.0)
+    check_range("beta", beta, **LOSS_RANGES["dca"]["beta"])
 
 
 def check_mmce(lambda_: float) -> None:
@@ -964,7 +952,7 @@ def check_mmce(lambda_: float) -> None:
         ...
         ValueError: lambda_ must lie in [0, inf); got -0.5
     """
-    check_range("lambda_", lambda_, low=0.0)
+    check_range("lambda_", lambda_, **LOSS_RANGES["mmce"]["lambda_"])
 
 
 # --- the options of the loss modules ------------------------------------------------------------

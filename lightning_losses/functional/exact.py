@@ -33,6 +33,7 @@ from lightning_losses.functional.checks import (
     check_same_device,
 )
 from lightning_losses.functional.target_probability import check_no_label_smoothing
+from lightning_losses.loss_ranges import LOSS_RANGES
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
@@ -133,7 +134,7 @@ class _ExactLogProb(torch.autograd.Function):
 def check_exact(sigma: float | Tensor) -> None:
     """``sigma`` of EXACT: a finite float ``> 0`` (a per-sample tensor is checked by the loss)."""
     if not isinstance(sigma, Tensor):
-        check_range("sigma", sigma, low=0.0, low_open=True)
+        check_range("sigma", sigma, **LOSS_RANGES["exact"]["sigma"])
 
 
 def check_exact_options(*, log: bool, n_nodes: int) -> None:

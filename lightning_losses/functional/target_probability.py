@@ -20,6 +20,7 @@ from lightning_losses.functional.checks import (
     check_range,
     check_reduction,
 )
+from lightning_losses.loss_ranges import LOSS_RANGES
 
 
 def _one_minus_p(log_p: Tensor) -> Tensor:
@@ -138,7 +139,7 @@ def check_cross_entropy(label_smoothing: float) -> None:
             "label_smoothing must be a real number in [0, 1); got a tensor of shape "
             f"{list(label_smoothing.shape)}"
         )
-    check_range("label_smoothing", label_smoothing, low=0.0, high=1.0, high_open=True)
+    check_range("label_smoothing", label_smoothing, **LOSS_RANGES["ce"]["label_smoothing"])
 
 
 def check_gamma_ce(gamma: float, threshold: float, label_smoothing: float = 0.0) -> None:
@@ -146,8 +147,8 @@ def check_gamma_ce(gamma: float, threshold: float, label_smoothing: float = 0.0)
 
     ``gamma`` and ``threshold`` both in ``[0, 1]``, and ``label_smoothing`` in ``[0, 1)``.
     """
-    check_range("gamma", gamma, low=0.0, high=1.0)
-    check_range("threshold", threshold, low=0.0, high=1.0)
+    check_range("gamma", gamma, **LOSS_RANGES["gamma_ce"]["gamma"])
+    check_range("threshold", threshold, **LOSS_RANGES["gamma_ce"]["threshold"])
     check_cross_entropy(label_smoothing)
 
 
@@ -191,7 +192,7 @@ def check_no_label_smoothing(loss: str, label_smoothing: object) -> None:
 
 def check_focal(gamma: float) -> None:
     """``gamma`` of focal loss, ``>= 0``."""
-    check_range("gamma", gamma, low=0.0)
+    check_range("gamma", gamma, **LOSS_RANGES["focal"]["gamma"])
 
 
 def check_poly1(epsilon: float) -> None:
@@ -207,12 +208,12 @@ def check_poly1(epsilon: float) -> None:
         ...
         ValueError: epsilon must lie in [-1, inf); got -2.0
     """
-    check_range("epsilon", epsilon, low=-1.0)
+    check_range("epsilon", epsilon, **LOSS_RANGES["poly1"]["epsilon"])
 
 
 def check_hard_truncated(margin: float) -> None:
     """``margin`` of hard truncation, in ``[0, 1]``."""
-    check_range("margin", margin, low=0.0, high=1.0)
+    check_range("margin", margin, **LOSS_RANGES["hard_truncated"]["margin"])
 
 
 def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -> None:
@@ -227,11 +228,11 @@ def check_adaptive_focal(thresholds: Sequence[float], gammas: Sequence[float]) -
             f"got {len(thresholds)} thresholds and {len(gammas)} gammas"
         )
     for value in thresholds:
-        check_range("thresholds", value, low=0.0, high=1.0)
+        check_range("thresholds", value, **LOSS_RANGES["adaptive_focal"]["thresholds"])
     if any(b <= a for a, b in itertools.pairwise(thresholds)):
         raise ValueError(f"thresholds must be strictly increasing; got {thresholds}")
     for value in gammas:
-        check_range("gammas", value, low=0.0)
+        check_range("gammas", value, **LOSS_RANGES["adaptive_focal"]["gammas"])
 
 
 # --- the losses --------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ from lightning_losses.functional.checks import (
     check_reduction,
 )
 from lightning_losses.functional.target_probability import check_no_label_smoothing
+from lightning_losses.loss_ranges import LOSS_RANGES
 
 
 def check_soft_truncated(k: float) -> None:
     """``k`` of soft truncation (plain and binary), ``>= 0``."""
-    check_range("k", k, low=0.0)
+    check_range("k", k, **LOSS_RANGES["soft_truncated"]["k"])
 
 
 def soft_truncated_loss(

@@ -1,9 +1,9 @@
 """Start-up of `lightning-losses fit|test`: one-line errors with "did you mean", --version, --help.
 
-The errors that need no class signature (an unknown loss name, a config that is neither a file
-nor a shipped name, a misspelled option group) are checked before Lightning is imported; the
-others (an out-of-range value, a misspelled option) come from the parser and the constructors,
-and are one line too.
+The console script checks before Lightning is imported: an unknown loss name, a config that is
+neither a file nor a shipped name, a misspelled option group, option or loss argument, a loss
+value out of its range (tests/cli/test_fast_checks.py); from Python (``main``), the same
+errors come from the parser and the constructors, and are one line too.
 """
 
 from __future__ import annotations
@@ -11,13 +11,11 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import json
-import os
 import subprocess
 import sys
 
 import lightning as L
 import pytest
-from helpers.paths import SCRIPT
 
 import lightning_losses.callbacks as callbacks_module
 import lightning_losses.data as data_module
@@ -84,6 +82,18 @@ def assert_one_error_line(stderr: str, command: str, *names: str) -> str:
             ["--model.criterion.class_path=lightning_losses.FocalLoss"],
             None,
         ),
+        (
+            ["fit", "--model.criterion.init_args.gamma=-1"],
+            ["model.criterion", "GammaCrossEntropyLoss", "gamma", "-1"],
+            None,
+        ),
+        (["fit", "--trainer.max_epoch=2"], ["--trainer.max_epoch=2"], "--trainer.max_epochs"),
+        (["fit", "--model.hiden=3"], ["--model.hiden=3"], "--model.hidden"),
+        (
+            ["fit", "--model.criterion.init_args.gama=1"],
+            ["'gama'", "GammaCrossEntropyLoss"],
+            "gamma",
+        ),
     ],
     ids=[
         "loss-name",
@@ -92,6 +102,10 @@ def assert_one_error_line(stderr: str, command: str, *names: str) -> str:
         "config-name",
         "missing-config",
         "loss-class-path",
+        "out-of-range",
+        "trainer-key",
+        "model-key",
+        "class-argument",
     ],
 )
 def test_errors_found_before_lightning_is_imported(args, names, suggestion, tmp_path):
@@ -104,34 +118,6 @@ def test_errors_found_before_lightning_is_imported(args, names, suggestion, tmp_
         assert "did you mean" not in line
     else:
         assert f"did you mean {suggestion}?" in line
-
-
-@pytest.mark.parametrize(
-    ("args", "names", "suggestion"),
-    [
-        (
-            ["--model.criterion.init_args.gamma=-1"],
-            ["model.criterion", "GammaCrossEntropyLoss", "gamma", "-1"],
-            None,
-        ),
-        (["--trainer.max_epoch=2"], ["--trainer.max_epoch=2"], "--trainer.max_epochs"),
-        (["--model.hiden=3"], ["--model.hiden=3"], "--model.hidden"),
-    ],
-    ids=["out-of-range", "trainer-key", "model-key"],
-)
-@pytest.mark.slow
-def test_errors_of_the_parser_and_constructors_are_one_line(args, names, suggestion, tmp_path):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    command = [str(SCRIPT), "fit", *args, *QUICK]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 2, done.stderr[-3000:]
-    line = assert_one_error_line(done.stderr, "fit", *names)
-    assert "Traceback" not in done.stderr
-    if suggestion is None:
-        assert "did you mean" not in line
-    else:
-        assert f"did you mean {suggestion}?" in line
-    assert list(tmp_path.iterdir()) == []  # nothing ran: no store, no run folder
 
 
 @pytest.mark.parametrize(

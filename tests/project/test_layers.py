@@ -20,7 +20,7 @@ PACKAGE = "lightning_losses"
 
 #: Lowest first: the layer order of docs/development.md (each entry: a module name pattern).
 LAYERS: list[tuple[str, str]] = [
-    ("base", r"lightning_losses(\._lazy|\.loss_names|\.warning)?"),
+    ("base", r"lightning_losses(\._lazy|\.loss_names|\.loss_ranges|\.warning)?"),
     ("functional", r"lightning_losses\.functional(\..*)?"),
     ("losses", r"lightning_losses\.(losses|heads|registry)"),
     ("calibration", r"lightning_losses\.calibration(\..*)?"),
