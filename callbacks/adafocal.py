@@ -18,6 +18,7 @@ from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.functional.adafocal import adafocal_update, check_adafocal_update
 from lightning_losses.functional.checks import check_int
+from lightning_losses.loss_ranges import CALLBACK_COUNTS
 from lightning_losses.warning import LightningLossesWarning
 
 
@@ -129,7 +130,11 @@ class AdaFocalUpdate(Callback):
         self.attribute = attribute_name(attribute, "AdaFocalUpdate")
         self._read = OutputAdapter(outputs, owner="AdaFocalUpdate")
         self.outputs = outputs
-        diagram_every_n_epochs = check_int("diagram_every_n_epochs", diagram_every_n_epochs, low=0)
+        diagram_every_n_epochs = check_int(
+            "diagram_every_n_epochs",
+            diagram_every_n_epochs,
+            **CALLBACK_COUNTS["AdaFocalUpdate"]["diagram_every_n_epochs"],
+        )
         self.lambda_ = float(lambda_)
         self.switch_point = float(switch_point)
         self.gamma_min = float(gamma_min)

@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from lightning_losses.functional.checks import check_choice, check_int
 from lightning_losses.functional.evaluation import correct_terms, nll_terms
+from lightning_losses.loss_ranges import CALLBACK_COUNTS
 
 #: Splits whose DataModule loader the callback can read.
 SPLITS = ("train", "val", "test")
@@ -60,8 +61,10 @@ class SplitCurves(Callback):
     def __init__(self, split: str = "test", every_n_epochs: int = 5, n_bins: int = 15) -> None:
         check_choice("split", split, SPLITS)
         self.split = split
-        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1)
-        self.n_bins = check_int("n_bins", n_bins, low=1)
+        counts = CALLBACK_COUNTS["SplitCurves"]
+        every = counts["every_n_epochs"]
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, **every)
+        self.n_bins = check_int("n_bins", n_bins, **counts["n_bins"])
 
     def __repr__(self) -> str:
         return (

@@ -1,9 +1,10 @@
-"""The ranges of the built-in losses' hyper-parameters: their one home, standard library only.
+"""The ranges of the losses' and callbacks' hyper-parameters: their one home, standard library.
 
 The losses' own checks (:func:`~lightning_losses.functional.target_probability.check_focal`
 and the others) pass these bounds to
-:func:`~lightning_losses.functional.checks.check_range`; the console script checks the values
-of a command line and its configs against the same bounds before torch is imported
+:func:`~lightning_losses.functional.checks.check_range`, the callbacks theirs to ``check_range``
+and ``check_int``; the console script checks the values of a command line and its configs
+against the same bounds before torch is imported
 (:func:`lightning_losses.cli.checks.check_command_line`), so that ``--model.criterion.init_args.
 gamma=-1`` is refused at once with the message the loss itself would give.
 """
@@ -14,10 +15,16 @@ import math
 from typing import TypedDict
 
 __all__ = [
+    "CALLBACK_COUNTS",
+    "CALLBACK_RANGES",
     "LOSS_RANGES",
     "NON_NEGATIVE",
+    "N_BINS",
     "UNIT",
     "Bounds",
+    "Counts",
+    "count_bound",
+    "count_message",
     "interval",
     "outside",
     "range_message",
@@ -66,6 +73,58 @@ LOSS_RANGES: dict[str, dict[str, Bounds]] = {
     "dca": {"beta": NON_NEGATIVE},
     "mmce": {"lambda_": NON_NEGATIVE},
 }
+
+
+class Counts(TypedDict, total=False):
+    """Keyword arguments of :func:`~lightning_losses.functional.checks.check_int`."""
+
+    low: int
+    high: int
+
+
+#: A histogram's number of bins (every binned calibration metric, the monitors' diagrams).
+N_BINS: Counts = {"low": 1}
+#: Every how many epochs something is done: at least 1.
+EVERY_N_EPOCHS: Counts = {"low": 1}
+
+#: The bounds of the package's callbacks' real-valued arguments, by class name.
+CALLBACK_RANGES: dict[str, dict[str, Bounds]] = {
+    "AdaFocalUpdate": {"lambda_": {"low": 0.0, "low_open": True}, "switch_point": NON_NEGATIVE},
+}
+#: The bounds of the package's callbacks' integer arguments, by class name.
+CALLBACK_COUNTS: dict[str, dict[str, Counts]] = {
+    "CalibrationMonitor": {"n_bins": N_BINS},
+    "SplitCurves": {"n_bins": N_BINS, "every_n_epochs": EVERY_N_EPOCHS},
+    "AdaFocalUpdate": {"diagram_every_n_epochs": {"low": 0}},
+}
+
+
+def count_bound(low: int | None = None, high: int | None = None) -> str:
+    """An integer's bounds in words: ``>= 1``, ``<= 9``, ``in [0, 9]`` (``""``: none).
+
+    Example:
+        >>> count_bound(**N_BINS), count_bound(0, 9)
+        ('>= 1', 'in [0, 9]')
+    """
+    if low is not None and high is not None:
+        return f"in [{low}, {high}]"
+    if low is not None:
+        return f">= {low}"
+    return f"<= {high}" if high is not None else ""
+
+
+def count_message(
+    name: str, value: int, *, low: int | None = None, high: int | None = None
+) -> str | None:
+    """The error of an integer ``value`` of ``name`` outside its bounds; ``None`` inside them.
+
+    Example:
+        >>> count_message("n_bins", 0, **N_BINS)
+        'n_bins must be >= 1; got 0'
+    """
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"{name} must be {count_bound(low, high)}; got {value!r}"
+    return None
 
 
 def interval(

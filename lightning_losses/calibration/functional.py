@@ -62,6 +62,7 @@ from lightning_losses.functional.checks import (
     check_sums_to_one,
     first_non_finite,
 )
+from lightning_losses.loss_ranges import N_BINS
 
 Task = Literal["binary", "multiclass", "multilabel"]
 Norm = Literal["l1", "max", "l2", "mean"]
@@ -93,7 +94,7 @@ __all__ = [
 
 #: The number of bins, an int >= 1: the checks module's :func:`~lightning_losses.functional.
 #: checks.check_int` with the name and minimum that every binned metric shares.
-check_n_bins = partial(check_int, "n_bins", low=1)
+check_n_bins = partial(check_int, "n_bins", **N_BINS)
 
 
 def resolve_task(preds: Tensor, target: Tensor, task: str | None = None) -> Task:

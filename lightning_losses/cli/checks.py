@@ -41,7 +41,13 @@ from lightning_losses.cli.option_names import (
     trainer_arguments,
 )
 from lightning_losses.loss_names import BUILTIN_LOSSES, unknown_loss_message
-from lightning_losses.loss_ranges import LOSS_RANGES, range_message
+from lightning_losses.loss_ranges import (
+    CALLBACK_COUNTS,
+    CALLBACK_RANGES,
+    LOSS_RANGES,
+    count_message,
+    range_message,
+)
 
 __all__ = [
     "CRITERION_OPTION",
@@ -247,7 +253,7 @@ def _callbacks(configs: list[dict[str, Any]], args: Sequence[str]) -> list[dict]
     for config in configs:
         given = (config.get("trainer") or {}).get("callbacks") if config.get("trainer") else None
         if isinstance(given, list):
-            callbacks = [dict(c) for c in given if isinstance(c, dict)]
+            callbacks = [dict(c) if isinstance(c, dict) else {} for c in given]
     for option, value in _options(args):
         if option == f"{_CALLBACKS_OPTION}+" and value is not None:
             callbacks.append({"class_path": value, "init_args": {}})
@@ -352,16 +358,16 @@ def spelling_problem(
 
 
 def value_problem(args: Sequence[str], configs: list[dict[str, Any]] | None = None) -> str | None:
-    """A loss hyper-parameter out of its range, in the command line or its configs; else None.
+    """A loss or callback argument out of its range, in the command line or its configs.
 
     Reads the configs (``--config``, else the packaged default) and the command line's
     ``--model.criterion...`` and ``--trainer.callbacks...`` options as the parser would,
-    without importing torch, and checks the built-in loss's real-valued hyper-parameters, and
-    the ``start``/``end`` of a ``GammaAnnealing`` of its ``gamma``, against
-    :data:`lightning_losses.loss_ranges.LOSS_RANGES`: the bounds the loss's own check uses,
-    so the message is the one the loss would give. What it cannot tell (a loss of your own, a
-    value that is not a number, a schedule that may end before its ``end``) is left to the
-    parser and the constructors.
+    without importing torch, and checks the built-in loss's real-valued hyper-parameters, the
+    ``start``/``end`` of a ``GammaAnnealing`` of its ``gamma`` and the package callbacks'
+    bounded arguments against :mod:`lightning_losses.loss_ranges`: the bounds the losses' and
+    callbacks' own checks use, so the message is the one they would give; ``None`` if none.
+    What it cannot tell (a loss of your own, a value that is not a number, a schedule that may
+    end before its ``end``) is left to the parser and the constructors.
 
     Example:
         >>> value_problem(["fit", "--config=digits_focal", "--model.criterion.init_args.gamma=-1"])
@@ -370,19 +376,40 @@ def value_problem(args: Sequence[str], configs: list[dict[str, Any]] | None = No
         True
     """
     configs = _configs(args) if configs is None else configs
-    if not _classifier(configs):  # a language model's config: its loss is under init_args
-        return None
-    loss, init_args = _criterion(configs, args)
-    if loss is None:
-        return None
-    for name, value in init_args.items():
-        message = _out_of_range(name, value, loss)
+    # a language model's config has its loss under model.init_args: not read here
+    loss, init_args = _criterion(configs, args) if _classifier(configs) else (None, {})
+    for name, value in init_args.items() if loss is not None else ():
+        message = _out_of_range(name, value, loss or "")
         if message is not None:
-            return f"model.criterion: {BUILTIN_LOSSES[loss]}: {message}"
+            return f"model.criterion: {BUILTIN_LOSSES[loss or '']}: {message}"
     for index, callback in enumerate(_callbacks(configs, args) or []):
-        message = _schedule_problem(index, callback, loss)
+        message = _callback_problem(callback)
+        if message is not None:
+            return f"trainer.callbacks[{index}]: {message}"
+        message = _schedule_problem(index, callback, loss) if loss is not None else None
         if message is not None:
             return message
+    return None
+
+
+def _callback_problem(callback: dict) -> str | None:
+    """``CLASS: MESSAGE`` for a package callback's argument out of its bounds; else ``None``."""
+    path = str(callback.get("class_path", ""))
+    name = path.rpartition(".")[2]
+    if not path.startswith("lightning_losses."):
+        return None
+    init_args = callback.get("init_args") or {}
+    for argument, bounds in CALLBACK_RANGES.get(name, {}).items():
+        number = _number(init_args.get(argument))
+        message = None if number is None else range_message(argument, number, **bounds)
+        if message is not None:
+            return f"{name}: {message}"
+    for argument, counts in CALLBACK_COUNTS.get(name, {}).items():
+        value = init_args.get(argument)
+        if isinstance(value, int) and not isinstance(value, bool):
+            message = count_message(argument, value, **counts)
+            if message is not None:
+                return f"{name}: {message}"
     return None
 
 

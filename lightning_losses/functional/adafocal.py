@@ -20,6 +20,7 @@ from torch import Tensor
 from lightning_losses.functional._core import target_probability_loss
 from lightning_losses.functional.checks import check_range
 from lightning_losses.functional.target_probability import check_no_label_smoothing
+from lightning_losses.loss_ranges import CALLBACK_RANGES
 
 __all__ = [
     "adafocal_loss",
@@ -151,8 +152,9 @@ def check_adafocal_update(
     lambda_: float, switch_point: float, gamma_min: float, gamma_max: float
 ) -> None:
     """``lambda_ > 0``, ``switch_point >= 0`` and ``gamma_min < gamma_max``, all finite."""
-    check_range("lambda_", lambda_, low=0.0, low_open=True)
-    check_range("switch_point", switch_point, low=0.0)
+    bounds = CALLBACK_RANGES["AdaFocalUpdate"]
+    check_range("lambda_", lambda_, **bounds["lambda_"])
+    check_range("switch_point", switch_point, **bounds["switch_point"])
     check_range("gamma_min", gamma_min)
     check_range("gamma_max", gamma_max)
     if not gamma_min < gamma_max:

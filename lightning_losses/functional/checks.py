@@ -21,14 +21,14 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import torch
 from torch import Tensor
 
 # The interval's words and test, and the range's message, are the light module's: the console
 # script checks command lines with them before torch is imported.
-from lightning_losses.loss_ranges import LOSS_RANGES, range_message
+from lightning_losses.loss_ranges import LOSS_RANGES, count_bound, count_message, range_message
 from lightning_losses.loss_ranges import interval as _interval
 from lightning_losses.loss_ranges import outside as _outside
 
@@ -368,23 +368,16 @@ None; got 0.5 (float)
     """
     if value is None and optional:
         return None
-    if low is not None and high is not None:
-        bound = f"in [{low}, {high}]"
-    elif low is not None:
-        bound = f">= {low}"
-    elif high is not None:
-        bound = f"<= {high}"
-    else:
-        bound = ""
+    bound = count_bound(low, high)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         expected = " ".join(filter(None, ("an int", bound, "or None" if optional else "")))
         raise ArgumentTypeError(
             f"{name} must be {expected}; got {value!r} ({type(value).__name__})"
         )
-    number = int(value)
-    if (low is not None and number < low) or (high is not None and number > high):
-        raise ValueError(f"{name} must be {bound}; got {value!r}")
-    return number
+    message = count_message(name, cast(int, value), low=low, high=high)  # numpy's ints too
+    if message is not None:
+        raise ValueError(message)
+    return int(value)
 
 
 # --- tensors: type, shape and device (always checked) ----------------------------------------

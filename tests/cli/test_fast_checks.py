@@ -20,7 +20,7 @@ import lightning as L
 import pytest
 from helpers.paths import CONFIGS
 
-from lightning_losses import losses
+from lightning_losses import callbacks, losses
 from lightning_losses.cli.checks import UsageError, check_command_line
 from lightning_losses.cli.config_files import config_program
 from lightning_losses.cli.option_names import (
@@ -30,7 +30,13 @@ from lightning_losses.cli.option_names import (
 )
 from lightning_losses.lightning import ClassifierModule
 from lightning_losses.loss_names import BUILTIN_LOSSES
-from lightning_losses.loss_ranges import LOSS_RANGES, range_message
+from lightning_losses.loss_ranges import (
+    CALLBACK_COUNTS,
+    CALLBACK_RANGES,
+    LOSS_RANGES,
+    count_message,
+    range_message,
+)
 
 BAD_END = """\
 model:
@@ -64,6 +70,20 @@ CASES = {
         ["--config", "BAD_END"],
         "trainer.callbacks[0]: GammaAnnealing: end=2.0 is a value of the criterion's gamma, "
         "which GammaCrossEntropyLoss rejects: gamma must lie in [0, 1]; got 2.0",
+    ),
+    "callback-bins": (
+        [
+            "--trainer.callbacks+=lightning_losses.callbacks.CalibrationMonitor",
+            "--trainer.callbacks.n_bins=0",
+        ],
+        "trainer.callbacks[4]: CalibrationMonitor: n_bins must be >= 1; got 0",
+    ),
+    "callback-real": (
+        [
+            "--trainer.callbacks+=lightning_losses.callbacks.AdaFocalUpdate",
+            "--trainer.callbacks.init_args.lambda_=0",
+        ],
+        "trainer.callbacks[4]: AdaFocalUpdate: lambda_ must lie in (0, inf); got 0.0",
     ),
     "trainer-key": (
         ["--trainer.max_epoch=2"],
@@ -124,13 +144,15 @@ def test_errors_come_before_torch_and_lightning_are_imported(cases):
         ("label-smoothing", losses.GammaCrossEntropyLoss, {"label_smoothing": -0.1}),
         ("by-name", losses.BinaryFocalLoss, {"alpha": 1.5}),
         ("annealing-end", losses.GammaCrossEntropyLoss, {"gamma": 2.0}),
+        ("callback-bins", callbacks.CalibrationMonitor, {"n_bins": 0}),
+        ("callback-real", callbacks.AdaFocalUpdate, {"lambda_": 0.0}),
     ],
 )
 def test_the_message_is_the_losss_own(cases, case, loss, arguments):
     args, _ = cases[case]
     with pytest.raises(UsageError) as light:
         check_command_line(["fit", *args])
-    with pytest.raises(ValueError, match="must lie in") as real:  # the reference: the loss
+    with pytest.raises(ValueError, match=r"must (lie in|be >=)") as real:  # the reference
         loss(**arguments)
     assert str(light.value).endswith(f": {real.value}")
 
@@ -170,6 +192,22 @@ def test_the_table_is_what_the_losses_check(name):
             with pytest.raises(ValueError, match="must lie in") as stop:
                 build(value)
             assert str(stop.value) == range_message(argument, value, **bounds), (name, value)
+
+
+@pytest.mark.parametrize("name", sorted({*CALLBACK_RANGES, *CALLBACK_COUNTS}))
+def test_the_callback_tables_are_what_the_callbacks_check(name):
+    callback = getattr(callbacks, name)
+    for argument, bounds in CALLBACK_RANGES.get(name, {}).items():
+        callback(**{argument: _inside(bounds)})
+        for value in _outside(bounds):
+            with pytest.raises(ValueError, match="must lie in") as stop:
+                callback(**{argument: value})
+            assert str(stop.value) == range_message(argument, value, **bounds), (name, value)
+    for argument, counts in CALLBACK_COUNTS.get(name, {}).items():
+        callback(**{argument: counts["low"]})
+        with pytest.raises(ValueError, match="must be >=") as stop:
+            callback(**{argument: counts["low"] - 1})
+        assert str(stop.value) == count_message(argument, counts["low"] - 1, **counts)
 
 
 def test_the_names_read_from_the_source_are_the_signatures():
