@@ -215,6 +215,14 @@ def fit_configs() -> list[Path]:
     return sorted(CONFIGS.glob("*.yaml"))
 
 
+def test_fit_lists_the_top_level_configs() -> None:
+    """The names ``fit --help`` lists are the files counted here (and lm's, lm's folder)."""
+    from lightning_losses.cli.config_files import config_names
+
+    assert config_names("fit") == [p.stem for p in fit_configs()]
+    assert config_names("lm") == sorted(p.stem for p in CONFIGS.glob("lm/*.yaml"))
+
+
 def real_counts() -> list[tuple[re.Pattern[str], int, str]]:
     """(pattern of a stated count, the real count, what is counted), the first match wins."""
     from lightning_losses.reproduce.claims import CLAIMS, LITERATURE_LOSSES
