@@ -8,10 +8,15 @@ The package, by what each part does:
 - :mod:`~lightning_losses.compare.decide`: better, worse, equivalent within a margin or
   undecided over seeds (paired or Welch t, TOST), the rule the report's verdicts use too
   (:func:`decide`, :func:`pair_by_seed`, :func:`t_interval`).
-- :mod:`~lightning_losses.compare.groups`: ``--group-by``: runs grouped by a param, one run
-  per seed, each group's mean and Student-t interval per metric and its verdict against a
-  baseline group (:func:`collect_records`, :func:`compare_groups`, :func:`format_groups`,
+- :mod:`~lightning_losses.compare.groups`: ``--group-by``: runs grouped by a param and split
+  until they differ only in their seed, one run per seed, each group's mean and Student-t
+  interval per metric and its verdict against a baseline group of the same task and model
+  (:func:`collect_records`, :func:`compare_groups`); printed and written by
+  :mod:`~lightning_losses.compare.group_table` (:func:`format_groups`,
   :func:`write_groups_csv`).
+- :mod:`~lightning_losses.compare.alike`: what sets two runs apart besides their seed
+  (:func:`canonical`, :func:`treatment`), and the ``--where`` / ``--config`` filters
+  (:func:`parse_where`, :func:`matches`).
 - :mod:`~lightning_losses.compare.params`: flattened MLflow params back to nested values
   (:func:`unflatten`).
 - :mod:`~lightning_losses.compare.describe`: a run's hyper-parameters as one short line: the
@@ -19,8 +24,9 @@ The package, by what each part does:
 - :mod:`~lightning_losses.compare.table`: sorting, the text table fitted to a width, and the
   CSV (:func:`sort_rows`, :func:`format_table`, :func:`write_csv`).
 - :mod:`~lightning_losses.compare.figure`: accuracy against ECE with one label per run, placed
-  so that labels do not overlap, and the runs' reliability diagrams
-  (:func:`comparison_figure`, :func:`draw_scatter`, :func:`point_labels`).
+  so that labels do not overlap, the runs of one task only, and the runs' reliability
+  diagrams (:func:`comparison_figure`, :func:`draw_scatter`, :func:`point_labels`,
+  :func:`split_tasks`).
 - :mod:`~lightning_losses.compare.cli`: the command line (:func:`build_parser`, :func:`main`);
   it imports only the standard library until it runs.
 
@@ -35,7 +41,10 @@ from lightning_losses._lazy import lazy_exports
 
 #: Each name importable from the package, with the submodule that defines it.
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("DEFAULT_EXPERIMENT", "build_parser", "main", "table_width"), "cli"),
+    **dict.fromkeys(
+        ("DEFAULT_EXPERIMENT", "build_parser", "main", "output_folder", "table_width"), "cli"
+    ),
+    **dict.fromkeys(("canonical", "matches", "parse_where", "treatment"), "alike"),
     **dict.fromkeys(
         ("NON_HPARAMS", "SCHEDULE_CALLBACKS", "hparams_text", "join_hparams", "split_hparams"),
         "describe",
@@ -52,6 +61,7 @@ _EXPORTS: dict[str, str] = {
             "comparison_figure",
             "draw_scatter",
             "point_labels",
+            "split_tasks",
         ),
         "figure",
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 __all__ = ["DEFAULT_EXPERIMENT", "build_parser", "main", "table_width"]
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         A parser whose namespace has ``experiment``, ``tracking_uri``, ``sort_by``,
-        ``descending``, ``out``, ``diagrams``, ``runs``, ``status``, ``ece`` and ``wide``, and for
+        ``descending``, ``out``, ``diagrams``, ``runs``, ``where``, ``config``, ``status``,
+        ``ece`` and ``wide``, and for
         configurations over seeds ``group_by``, ``pair_by``, ``baseline``, ``margin`` and
         ``level``.
 
@@ -56,11 +58,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="column to sort by (default: the --ece column, val/ece or val/smooth_ece)",
     )
     parser.add_argument("--descending", action="store_true", help="sort largest first")
-    parser.add_argument("--out", default="comparison", help="output folder (comparison)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: comparison/ beside the SQLite store, else in the current "
+        "folder)",
+    )
     parser.add_argument(
         "--diagrams", type=int, default=4, help="reliability diagrams in the figure (4)"
     )
     parser.add_argument("--runs", nargs="+", metavar="ID", help="only these run ids")
+    parser.add_argument(
+        "--where",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only the runs whose param or tag KEY (or the param it ends, e.g. gamma) has "
+        "VALUE (2 matches 2.0); repeatable, all must hold",
+    )
+    parser.add_argument(
+        "--config",
+        nargs="+",
+        metavar="NAME",
+        help="only the runs fitted from these configs (digits_ce or configs/digits_ce.yaml)",
+    )
     parser.add_argument(
         "--status",
         nargs="+",
@@ -154,13 +174,23 @@ def skipped_text(skipped: dict[str, int]) -> str:
     return f"skipped {total} {runs} for their status ({counts}): --status any lists every run"
 
 
-def _no_runs_text(experiment: str, status: list[str] | None, skipped: dict[str, int]) -> str:
-    """The message of a listing without runs: which statuses, and what was skipped."""
+def _no_runs_text(
+    experiment: str,
+    status: list[str] | None,
+    skipped: dict[str, int],
+    args: argparse.Namespace | None = None,
+) -> str:
+    """The message of a listing without runs: which statuses and filters, what was skipped."""
     if status and "any" in status:
         wanted = ""
     else:
         wanted = " or ".join(s.lower() for s in status or ("finished", "running")) + " "
     text = f"no {wanted}runs in experiment {experiment!r}"
+    filters = [f"--where {w}" for w in (args.where or [])] if args is not None else []
+    if args is not None and args.config:
+        filters.append(f"--config {' '.join(args.config)}")
+    if filters:
+        text += f" match {' '.join(filters)}"
     more = skipped_text(skipped)
     return f"{text}; {more}" if more else text
 
@@ -188,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after ``compare`` (default: ``sys.argv[1:]``).
 
     Returns:
-        0 on success; 1 when there is no run to compare; 2 on an error (unknown experiment,
-        run or column, missing store; with ``--group-by``: a param of no run, a baseline of no
-        group, unequal seeds to pair, a level outside (0, 1), a malformed margin), with the
-        message on stderr.
+        0 on success; 1 when there is no run to compare (none matches the filters); 2 on an
+        error (unknown experiment, run, column or config, a ``--where`` key of no run, a
+        missing store or a tracking URI that is a folder; with ``--group-by``: a param of no
+        run, a baseline of no group or of several, a level outside (0, 1), a malformed
+        margin), with the message on stderr, one line.
     """
     args = build_parser().parse_args(argv)
     if args.group_by is None:
@@ -207,40 +238,76 @@ def main(argv: list[str] | None = None) -> int:
         return _compare_groups(args)
     from mlflow.exceptions import MlflowException
 
-    from lightning_losses.compare.figure import comparison_figure
+    from lightning_losses.compare.figure import comparison_figure, split_tasks
     from lightning_losses.compare.query import collect_runs, resolve_tracking_uri
     from lightning_losses.compare.table import format_table, sort_rows, write_csv
 
-    uri = resolve_tracking_uri(args.tracking_uri)
     skipped: dict[str, int] = {}
     try:
+        uri = resolve_tracking_uri(args.tracking_uri)
         rows = collect_runs(
             args.experiment,
             tracking_uri=uri,
             run_ids=args.runs,
             status=args.status,
             skipped=skipped,
+            **_filters(args),
         )
         if not rows:
-            print(_no_runs_text(args.experiment, args.status, skipped), file=sys.stderr)
+            print(_no_runs_text(args.experiment, args.status, skipped, args), file=sys.stderr)
             return 1
         sort_by = args.sort_by or ("val/smooth_ece" if args.ece == "smooth" else "val/ece")
         rows = sort_rows(rows, sort_by, args.descending)
         width = None if args.wide else table_width()
         table = format_table(rows, sort_by, args.descending, width=width, wide=args.wide)
-        out = Path(args.out)
+        out = output_folder(args.out, uri)
         csv_path = write_csv(rows, out / "comparison.csv")
         png_path = comparison_figure(
             rows, out / "comparison.png", tracking_uri=uri, diagrams=args.diagrams, ece=args.ece
         )
+        apart = split_tasks(rows)[1]
     except (ValueError, OSError, MlflowException) as error:
         print(f"lightning-losses compare: error: {error}", file=sys.stderr)
         return 2
     print(table)
     if skipped:
         print(f"\n{skipped_text(skipped)}")
+    if apart:
+        print("\n" + "\n".join(textwrap.wrap(apart, width or 100, subsequent_indent="  ")))
     print(f"\nwrote {csv_path}\nwrote {png_path}")
     return 0
+
+
+def _filters(args: argparse.Namespace) -> dict:
+    """The collectors' ``where`` and ``configs`` arguments: ``--where`` and ``--config``."""
+    from lightning_losses.compare.alike import parse_where
+
+    return {"where": parse_where(args.where or []), "configs": args.config}
+
+
+def output_folder(out: str | None, tracking_uri: str) -> Path:
+    """Where the outputs go: ``--out``, else ``comparison/`` beside the SQLite store.
+
+    Args:
+        out: the ``--out`` option (``None``: not given).
+        tracking_uri: the resolved tracking URI.
+
+    Returns:
+        ``out`` as given; by default ``comparison`` in the folder of the store's SQLite file,
+        or in the current folder for a store without a file (a server).
+
+    Example:
+        >>> str(output_folder(None, "sqlite:////data/runs/mlflow.db"))
+        '/data/runs/comparison'
+        >>> str(output_folder("here", "sqlite:////data/runs/mlflow.db"))
+        'here'
+    """
+    if out is not None:
+        return Path(out)
+    from lightning_losses.compare.query import _sqlite_path
+
+    database = _sqlite_path(tracking_uri)
+    return (database.parent if database is not None else Path.cwd()) / "comparison"
 
 
 def _compare_groups(args: argparse.Namespace) -> int:
@@ -268,9 +335,10 @@ def _compare_groups(args: argparse.Namespace) -> int:
             run_ids=args.runs,
             status=args.status,
             skipped=skipped,
+            **_filters(args),
         )
         if not records:
-            print(_no_runs_text(args.experiment, args.status, skipped), file=sys.stderr)
+            print(_no_runs_text(args.experiment, args.status, skipped, args), file=sys.stderr)
             return 1
         result = compare_groups(
             records,
@@ -281,7 +349,7 @@ def _compare_groups(args: argparse.Namespace) -> int:
             margins=margins,
         )
         text = format_groups(result, width=None if args.wide else table_width())
-        csv_path = write_groups_csv(result, Path(args.out) / "groups.csv")
+        csv_path = write_groups_csv(result, output_folder(args.out, uri) / "groups.csv")
     except (ValueError, OSError, MlflowException) as error:
         print(f"lightning-losses compare: error: {error}", file=sys.stderr)
         return 2

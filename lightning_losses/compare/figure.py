@@ -46,6 +46,7 @@ __all__ = [
     "comparison_figure",
     "draw_scatter",
     "point_labels",
+    "split_tasks",
 ]
 
 #: Reliability diagrams logged by CalibrationMonitor: ``calibration/val_epoch=NNN.png``.
@@ -298,6 +299,40 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def split_tasks(rows: Sequence[Mapping[str, Any]]) -> tuple[Sequence[Mapping[str, Any]], str]:
+    """The rows the figure plots, of one task, and a line on the runs of other tasks left out.
+
+    Accuracy and ECE of a binary task (one probability, a rare positive class) do not compare
+    with a multiclass task's: the scatter holds the runs of the task most runs have
+    (multiclass on a tie), and the line names the others and the ``--where`` that plots them.
+
+    Example:
+        >>> rows = [{"task": "multiclass"}, {"task": "binary", "run_name": "b"}, {"task": None}]
+        >>> plotted, line = split_tasks(rows)
+        >>> len(plotted), line
+        (2, 'the figure plots the multiclass runs; left out 1 binary run (b): --where model.task=binary plots them')
+    """  # noqa: E501
+    tasks = [row.get("task") or "multiclass" for row in rows]
+    counts = {task: tasks.count(task) for task in dict.fromkeys(tasks)}
+    if len(counts) < 2:
+        return rows, ""
+    main = max(counts, key=lambda task: (counts[task], task == "multiclass"))
+    plotted = [row for row, task in zip(rows, tasks, strict=True) if task == main]
+    others = []
+    for task in counts:
+        if task != main:
+            names = [
+                str(r.get("run_name") or r.get("run_id", "")[:8])
+                for r, t in zip(rows, tasks, strict=True)
+                if t == task
+            ]
+            runs = "run" if len(names) == 1 else "runs"
+            listed = ", ".join(names)
+            plots = f"--where model.task={task} plots them"
+            others.append(f"{len(names)} {task} {runs} ({listed}): {plots}")
+    return plotted, f"the figure plots the {main} runs; left out " + "; ".join(others)
+
+
 def _ece_choice(ece: str) -> tuple[str, str, re.Pattern[str]]:
     """The metric key, axis label and diagram pattern of ``ece`` (``"binned"``/``"smooth"``)."""
     if ece not in ECE_CHOICES:
@@ -319,7 +354,10 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
     Args:
         ax: the panel, in a figure with an Agg-based canvas (it measures the labels with the
             canvas's renderer), such as :func:`comparison_figure`'s.
-        rows: comparison rows; rows without a finite ``val/acc`` and ECE are left out
+        rows: comparison rows; rows without a finite ``val/acc`` and ECE are left out, and
+            so are the runs of other tasks than the one most rows have (:func:`split_tasks`:
+            a binary task's accuracy and ECE do not compare with a multiclass task's; the
+            title names the task plotted)
             (labels are made for all ``rows`` at once: :func:`point_labels`).
         ece: ``"binned"`` (``val/ece``) or ``"smooth"`` (``val/smooth_ece``, the smooth ECE
             of Blasiok and Nakkiran).
@@ -328,6 +366,7 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
         The label texts (in the panel, or the legend's), in the order of the plotted rows.
     """
     key, axis_label, _ = _ece_choice(ece)
+    rows = split_tasks(rows)[0]
     has_both = [_finite(row.get("val/acc")) and _finite(row.get(key)) for row in rows]
     plotted = [row for row, keep in zip(rows, has_both, strict=True) if keep]
     labels = [label for label, keep in zip(point_labels(rows), has_both, strict=True) if keep]
@@ -347,7 +386,9 @@ def draw_scatter(ax: Axes, rows: Sequence[Mapping[str, Any]], ece: str = "binned
         ax.text(0.5, 0.5, f"no run has val/acc and {key}", ha="center", transform=ax.transAxes)
     ax.set_xlabel("validation accuracy")
     ax.set_ylabel(axis_label)
-    ax.set_title("accuracy vs calibration (lower ECE is better)", fontsize=9)
+    task = next((str(row.get("task")) for row in rows if row.get("task")), "")
+    title = f"{task} runs: " if task else ""  # the one task plotted
+    ax.set_title(f"{title}accuracy vs calibration (lower ECE is better)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.margins(0.15)
     if not points:
@@ -467,7 +508,8 @@ def comparison_figure(
     diagrams (``calibration/val_epoch=NNN.png`` with the highest epoch) of the first
     ``diagrams`` runs in ``rows`` that logged one. The PNG is
     ``(SCATTER_WIDTH + n * DIAGRAM_WIDTH) * DPI`` by ``FIGURE_HEIGHT * DPI`` pixels for ``n``
-    diagrams shown.
+    diagrams shown. Only the runs of one task are plotted, and only their diagrams shown
+    (:func:`split_tasks`).
 
     Args:
         rows: comparison rows, in the order of preference for the diagrams.
@@ -493,6 +535,7 @@ def comparison_figure(
         tempfile.TemporaryDirectory(prefix="lightning-losses-compare-") as folder,
         _environ(PROGRESS_BAR_VARIABLE, "false"),
     ):
+        rows = split_tasks(rows)[0]  # the scatter's task: its diagrams beside it
         tiles = _fetch_diagrams(rows, resolve_tracking_uri(tracking_uri), diagrams, folder, pattern)
         width = SCATTER_WIDTH + DIAGRAM_WIDTH * len(tiles)
         fig = Figure(figsize=(width, FIGURE_HEIGHT), dpi=DPI, layout="constrained")

@@ -1,40 +1,58 @@
 """Configurations compared over seeds: ``lightning-losses compare --group-by PARAM``.
 
 The runs of an experiment are grouped by one param (:func:`resolve_group_by`,
-:func:`group_runs`): one group per value of, e.g., ``model.criterion.class_path``, each holding
-one run per seed (the ``seed_everything`` param; where a seed was run more than once, its latest
-run counts). :func:`compare_groups` gives, per metric, each group's mean over its seeds with
-its Student-t interval (:func:`~lightning_losses.compare.decide.t_interval`), and each group's
-difference to a baseline group with the verdict of
-:func:`~lightning_losses.compare.decide.decide`: paired by seed (``--pair-by seed``) or Welch's
-(unpaired). :func:`format_groups` prints it as a table that fits a width,
-:func:`write_groups_csv` writes it in full precision with every group's per-seed values, so
-that each verdict can be recomputed.
+:func:`group_runs`): one group per value of, e.g., ``model.criterion.class_path``, split further
+where its runs differ in anything else that can change a result
+(:func:`~lightning_losses.compare.alike.canonical`: a FocalLoss group of gamma 1 and gamma 2
+runs becomes ``FocalLoss (gamma=1)`` and ``FocalLoss (gamma=2)``), so that the runs of a group
+differ only in their seed (the ``seed_everything`` param; where a seed was run more than once,
+its latest run counts). :func:`compare_groups` gives, per metric, each group's mean over its
+seeds with its Student-t interval (:func:`~lightning_losses.compare.decide.t_interval`), and
+each group's difference to a baseline group with the verdict of
+:func:`~lightning_losses.compare.decide.decide`: paired on the seeds both hold (``--pair-by
+seed``) or Welch's (unpaired). A group is compared with the baseline only when it differs from
+it in what ``--group-by`` varies (:func:`~lightning_losses.compare.alike.treatment`) and in
+nothing else, the task above all; the others are left out, and a note names them with the
+filter that selects them. :mod:`~lightning_losses.compare.group_table` prints and writes it.
 
 The default baseline is the one group whose runs all train with ``CrossEntropyLoss``, else the
-first group (groups are in ascending order of their value). The default equivalence margins
-are :data:`DEFAULT_MARGINS`.
+first group (groups are in ascending order of their value); several such groups are an error
+that names what they differ in and the ``--where`` filter that keeps one. The default
+equivalence margins are :data:`DEFAULT_MARGINS`.
 
 Imports only the standard library (SciPy through ``decide``, when a verdict is computed).
 """
 
 from __future__ import annotations
 
-import csv
 import difflib
-import json
 import math
-import os
-import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lightning_losses.compare.decide import MAX_SEEDS, Decision, decide, pair_by_seed, t_interval
+from lightning_losses.compare.alike import (
+    TASK_PARAM,
+    canonical,
+    differing,
+    key_named,
+    matches,
+    short_names,
+    treatment,
+)
+from lightning_losses.compare.decide import decide, t_interval
+from lightning_losses.compare.group_table import (
+    GROUP_CSV_COLUMNS,
+    HIGHER_IS_BETTER,
+    SEED_PARAM,
+    GroupComparison,
+    GroupRow,
+    format_groups,
+    verdict_text,
+    write_groups_csv,
+)
 from lightning_losses.compare.params import class_name, parse_param
-from lightning_losses.compare.query import METRICS, _loss_name
-from lightning_losses.compare.table import _GAP, _cut
+from lightning_losses.compare.query import METRICS, _loss_name, run_fields
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -60,8 +78,6 @@ __all__ = [
     "write_groups_csv",
 ]
 
-#: The param holding a run's seed (LightningCLI's ``--seed_everything``).
-SEED_PARAM = "seed_everything"
 #: What ``--pair-by`` takes, with the param it reads.
 PAIR_BY: dict[str, str] = {"seed": SEED_PARAM}
 #: Names ``--group-by`` takes besides params: the run's name, its ``config`` tag, its loss (the
@@ -73,8 +89,6 @@ BASELINE_LOSS = "CrossEntropyLoss"
 STAGES = ("val", "test")
 #: Quantities compared, each under every stage (``val/acc``, ``test/acc``, ...).
 QUANTITIES = tuple(name.split("/", 1)[1] for name in METRICS)
-#: Quantities where higher is better; lower is better for the others (NLL, ECE, Brier).
-HIGHER_IS_BETTER = frozenset({"acc"})
 #: Equivalence margins by quantity, in the metric's units (``--margin`` overrides them): one
 #: point of accuracy, 0.02 nats of NLL, half a point of ECE and of the Brier score (the same for
 #: the calibrated NLL and ECE of ``PostHocCalibration``).
@@ -87,28 +101,6 @@ DEFAULT_MARGINS: dict[str, float] = {
     "posthoc_nll": 0.02,
     "posthoc_ece": 0.005,
 }
-#: The columns of :func:`write_groups_csv`.
-GROUP_CSV_COLUMNS = (
-    "metric",
-    "group",
-    "n",
-    "seeds",
-    "mean",
-    "low",
-    "high",
-    "baseline",
-    "method",
-    "level",
-    "margin",
-    "difference",
-    "difference_low",
-    "difference_high",
-    "verdict",
-    "seeds_needed",
-    "values",
-)
-#: Narrowest the group column is cut to when the table must fit a width.
-MIN_GROUP_WIDTH = 8
 
 
 def _metric_keys() -> dict[str, tuple[str, ...]]:
@@ -133,6 +125,7 @@ class RunRecord:
         params: the run's params (the resolved config, flattened into dotted keys).
         tags: the run's tags (``loss``, ``dataset``, ``config``, ...).
         metrics: the final value of each metric key.
+        status: the run's status (``FINISHED``, ...; ``""`` when unknown).
     """
 
     run_id: str
@@ -141,6 +134,7 @@ class RunRecord:
     params: Mapping[str, str]
     tags: Mapping[str, str]
     metrics: Mapping[str, float]
+    status: str = ""
 
     @classmethod
     def from_run(cls, run: Run, metrics: Mapping[str, float] | None = None) -> RunRecord:
@@ -152,7 +146,17 @@ class RunRecord:
             params=dict(run.data.params),
             tags=dict(run.data.tags),
             metrics=dict(run.data.metrics if metrics is None else metrics),
+            status=str(run.info.status or ""),
         )
+
+    def fields(self) -> dict[str, str]:
+        """Its params and tags in one mapping, for ``--where`` (:func:`run_fields`)."""
+        return run_fields(self.params, self.tags, self.run_name, self.status)
+
+    @property
+    def name(self) -> str:
+        """The run's name and the first 8 characters of its id: ``digits_ce 1a2b3c4d``."""
+        return " ".join(filter(None, (self.run_name, self.run_id[:8])))
 
     def get(self, key: str) -> str | None:
         """The value of a run field (:data:`RUN_FIELDS`) or of the param ``key``."""
@@ -178,10 +182,13 @@ def collect_records(
     run_ids: list[str] | None = None,
     status: str | Sequence[str] | None = None,
     skipped: dict[str, int] | None = None,
+    where: Sequence[tuple[str, str]] = (),
+    configs: Sequence[str] | None = None,
 ) -> list[RunRecord]:
     """A :class:`RunRecord` per finished or running run (or per run of ``run_ids``).
 
-    ``status`` and ``skipped`` are those of :func:`~lightning_losses.compare.query.collect_runs`.
+    ``status``, ``skipped``, ``where`` and ``configs`` are those of
+    :func:`~lightning_losses.compare.query.collect_runs`.
 
     Final metrics are read as :func:`~lightning_losses.compare.query.collect_runs` reads them
     (a resumed run shows what its resumed fit logged last).
@@ -194,6 +201,7 @@ def collect_records(
         _find_runs,
         mlflow_client,
         resolve_tracking_uri,
+        run_fields_of,
         run_statuses,
         select_runs,
     )
@@ -207,6 +215,7 @@ def collect_records(
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
         runs = select_runs(client, experiment_id, status, skipped)
+    runs = matches(runs, run_fields_of, where=where, configs=configs)
     return [RunRecord.from_run(run, final_metrics(client, run)) for run in runs]
 
 
@@ -292,15 +301,9 @@ def resolve_group_by(name: str, records: Sequence[RunRecord]) -> str:
     if name in RUN_FIELDS:
         return name
     keys = sorted(set().union(*(record.params for record in records)))
-    if name in keys:
-        return name
-    matches = [key for key in keys if key.endswith("." + name)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise ValueError(
-            f"--group-by {name!r} names several params ({', '.join(matches)}); pass the full name"
-        )
+    found = key_named(name, keys, "--group-by")
+    if found is not None:
+        return found
     names = [*RUN_FIELDS, *keys, *dict.fromkeys(key.rsplit(".", 1)[-1] for key in keys)]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:
@@ -326,10 +329,59 @@ def _seed_order(seed: Any) -> tuple[int, float, str]:
     return (1, 0.0, str(seed))
 
 
+def _value_text(value: str | None) -> str:
+    """A param value in a group's label: a class by its name, a number as ``%g``."""
+    if value is None:
+        return "unset"
+    parsed = parse_param(value)
+    if isinstance(parsed, float):
+        return f"{parsed:g}"
+    if isinstance(parsed, str) and "." in parsed and class_name(parsed)[:1].isupper():
+        return class_name(parsed)
+    text = str(parsed)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+#: Most params named in a group's label (the CSV's ``group`` holds the same label).
+LABEL_PARAMS = 3
+
+
+def _split(runs: Sequence[RunRecord], label: str) -> dict[str, list[RunRecord]]:
+    """Runs of one value of the group-by key, split where anything else that counts differs.
+
+    Each part is labelled ``label (name=value, ...)`` with the params that tell the parts
+    apart (:func:`~lightning_losses.compare.alike.short_names`), at most :data:`LABEL_PARAMS`;
+    ``label`` alone when the runs agree.
+    """
+    canon = [canonical(run.params) for run in runs]
+    split = differing(canon)
+    if not split:
+        return {label: list(runs)}
+    callbacks = [key for key in split if key.startswith("trainer.callbacks.")]
+    shown = [key for key in split if key not in callbacks or key.endswith(".class_path")]
+    names = short_names(shown)
+    parts: dict[tuple[str | None, ...], list[RunRecord]] = {}
+    for run, params in zip(runs, canon, strict=True):
+        parts.setdefault(tuple(params.get(key) for key in split), []).append(run)
+    labelled: dict[str, list[RunRecord]] = {}
+    for values, members in parts.items():
+        items = [
+            f"{names[key]}={_value_text(value)}"
+            for key, value in zip(split, values, strict=True)
+            if key in names
+        ]
+        text = ", ".join(items[:LABEL_PARAMS]) + (", ..." if len(items) > LABEL_PARAMS else "")
+        name = f"{label} ({text})" if text else label
+        if name in labelled:  # parts told apart only beyond the params shown
+            name = f"{label} ({text}; {members[0].run_id[:6]})"
+        labelled[name] = members
+    return labelled
+
+
 def group_runs(
     records: Sequence[RunRecord], key: str
 ) -> tuple[dict[str, list[RunRecord]], list[str]]:
-    """The runs by their value of ``key``, one run per seed, and notes on the runs left out.
+    """The runs by their value of ``key``, split until they differ only in seed; one run a seed.
 
     Args:
         records: the runs.
@@ -337,9 +389,13 @@ def group_runs(
 
     Returns:
         Groups in ascending order of their value, each labelled by that value (the class name
-        for a ``class_path`` param, unless two groups share it), with its runs in seed order
-        (runs without a seed last); and the notes: runs without ``key``, and, where a seed was
-        run more than once in a group, the earlier runs, which do not count.
+        for a ``class_path`` param, unless two groups share it); where the runs of one value
+        differ in any other param that can change a result
+        (:func:`~lightning_losses.compare.alike.canonical`), one group per combination, its
+        label followed by what tells it apart (``FocalLoss (gamma=1)``). Each group's runs in
+        seed order (runs without a seed last). And the notes: runs without ``key``, and where a
+        seed was run more than once in a group, the run that counts (the latest) and the
+        earlier ones, which do not.
     """
     notes = []
     missing = [record for record in records if record.get(key) is None]
@@ -358,126 +414,103 @@ def group_runs(
             labels = short
     groups: dict[str, list[RunRecord]] = {}
     for value, runs in sorted(by_value.items(), key=_sort_key):
-        latest: dict[Any, RunRecord] = {}
-        unseeded = []
-        for record in sorted(runs, key=lambda r: r.start_time):
-            if record.seed is None:
-                unseeded.append(record)
-                continue
-            if record.seed in latest:
-                older = latest[record.seed]
-                earlier = " ".join(filter(None, (older.run_name, older.run_id[:8])))
-                notes.append(
-                    f"{labels[value]}: seed {record.seed} ran more than once; the latest run "
-                    f"counts, not the earlier run {earlier}"
-                )
-            latest[record.seed] = record
-        ordered = [latest[seed] for seed in sorted(latest, key=_seed_order)]
-        groups[labels[value]] = ordered + unseeded
+        for label, members in _split(runs, labels[value]).items():
+            groups[label] = _one_per_seed(label, members, notes)
     return groups, notes
 
 
-def verdict_text(decision: Decision) -> str:
-    """The verdict cell: better, worse, ``equivalent (±margin)`` or ``undecided (needs ~k seeds)``.
-
-    Example:
-        >>> verdict_text(decide([0.02, -0.01, 0.03], margin=0.005))
-        'undecided (needs ~12 seeds)'
-        >>> verdict_text(decide([0.001, -0.001, 0.0005, -0.0002], margin=0.01))
-        'equivalent (±0.01)'
-    """
-    if decision.verdict == "equivalent":
-        return f"equivalent (±{decision.margin:g})"
-    if decision.verdict == "undecided":
-        if decision.n < 2:
-            return "undecided (needs at least 2 seeds)"
-        if decision.seeds_needed is None:
-            return f"undecided (needs over {MAX_SEEDS} seeds)"
-        return f"undecided (needs ~{decision.seeds_needed} seeds)"
-    return decision.verdict
-
-
-@dataclass(frozen=True)
-class GroupRow:
-    """One group's line for one metric.
-
-    Attributes:
-        metric: e.g. ``val/acc``.
-        group: the group's label.
-        values: the group's value per seed (seed order; runs without a seed keyed by run id).
-        mean: mean over ``values`` (``None`` when no run of the group logged the metric).
-        low: low end of its Student-t interval.
-        high: high end.
-        decision: the comparison with the baseline; ``None`` for the baseline itself and where
-            no comparison could be made (see ``note``).
-        note: why there is no decision (``"baseline"`` or the reason).
-    """
-
-    metric: str
-    group: str
-    values: dict[Any, float]
-    mean: float | None
-    low: float | None
-    high: float | None
-    decision: Decision | None
-    note: str | None = None
-
-
-@dataclass(frozen=True)
-class GroupComparison:
-    """What :func:`compare_groups` found.
-
-    Attributes:
-        group_by: the param or run field the runs are grouped by.
-        baseline: the baseline group's label.
-        paired: differences paired by seed (else Welch's unpaired interval).
-        level: the level of every interval.
-        margins: the equivalence margin of each metric compared.
-        groups: each group's label with its seeds, in order.
-        rows: one per metric and group, metric by metric.
-        notes: runs left out, seeds run twice, metrics that could not be paired.
-        runs: the number of runs compared.
-    """
-
-    group_by: str
-    baseline: str
-    paired: bool
-    level: float
-    margins: dict[str, float]
-    groups: dict[str, list[Any]]
-    rows: list[GroupRow]
-    notes: list[str] = field(default_factory=list)
-    runs: int = 0
-
-    @property
-    def method(self) -> str:
-        """``"paired t"`` or ``"Welch t"``, as :class:`Decision` names them."""
-        return "paired t" if self.paired else "Welch t"
+def _one_per_seed(label: str, runs: Sequence[RunRecord], notes: list[str]) -> list[RunRecord]:
+    """The latest run of each seed in seed order, then the unseeded runs; a note per repeat."""
+    by_seed: dict[Any, list[RunRecord]] = {}
+    unseeded = []
+    for record in sorted(runs, key=lambda r: r.start_time):
+        if record.seed is None:
+            unseeded.append(record)
+        else:
+            by_seed.setdefault(record.seed, []).append(record)
+    for seed, repeats in by_seed.items():
+        if len(repeats) > 1:
+            earlier = ", ".join(r.name for r in repeats[:-1])
+            notes.append(
+                f"{label}: seed {seed} ran {len(repeats)} times; the latest run counts, "
+                f"{repeats[-1].name}, not {earlier}"
+            )
+    ordered = [by_seed[seed][-1] for seed in sorted(by_seed, key=_seed_order)]
+    return ordered + unseeded
 
 
 def _baseline(groups: Mapping[str, list[RunRecord]], baseline: str | None) -> str:
     """The baseline's label: the one named (by label or value), else the CE group, else first.
 
     Raises:
-        ValueError: naming ``--baseline``, when no group has that name.
+        ValueError: naming ``--baseline``, when no group has that name; when several groups
+            have it (or, by default, several are cross-entropy groups), naming what they
+            differ in and the ``--where`` filter that keeps one.
     """
     labels = list(groups)
     if baseline is None:
-        ce = [
+        candidates = [
             label
             for label, runs in groups.items()
             if runs and all(r.get("loss") == BASELINE_LOSS for r in runs)
         ]
-        return ce[0] if len(ce) == 1 else labels[0]
-    if baseline in groups:
+        if not candidates:
+            return labels[0]
+        name = BASELINE_LOSS
+    elif baseline in groups:
         return baseline
-    for label in labels:  # the full value of a class_path group, or the same number, names it
-        if label == class_name(baseline) or _same_number(label, baseline):
-            return label
-    close = difflib.get_close_matches(baseline, labels, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ValueError(
-        f"--baseline: no group named {baseline!r}; {hint}groups: {', '.join(labels) or 'none'}"
+    else:
+        # the full value of a class_path group, or the same number, names it
+        candidates = [
+            label
+            for label in labels
+            if _base_label(label) in (baseline, class_name(baseline))
+            or _same_number(_base_label(label), baseline)
+        ]
+        if not candidates:
+            close = difflib.get_close_matches(baseline, labels, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"--baseline: no group named {baseline!r}; {hint}groups: "
+                f"{', '.join(labels) or 'none'}"
+            )
+        name = baseline
+    if len(candidates) > 1:
+        raise ValueError(_ambiguous(name, {label: groups[label] for label in candidates}))
+    return candidates[0]
+
+
+def _base_label(label: str) -> str:
+    """A group's label without what tells it from the other groups of its value."""
+    return label.split(" (", 1)[0]
+
+
+def _configs(runs: Sequence[RunRecord]) -> str:
+    """The configs (else run names) the runs were fitted from: ``digits_ce, digits_focal``."""
+    names = sorted({str(r.tags.get("config") or r.run_name or r.run_id[:8]) for r in runs})
+    return ", ".join(names)
+
+
+def _ambiguous(name: str, candidates: Mapping[str, Sequence[RunRecord]]) -> str:
+    """The message for a baseline that names several groups: what differs, the filter to use."""
+    canon = {label: canonical(runs[0].params) for label, runs in candidates.items()}
+    keys = differing(list(canon.values()))
+    chosen = max(candidates, key=lambda label: len(candidates[label]))  # most seeds; first tie
+    usable = [k for k in keys if canon[chosen].get(k) is not None] or keys
+    key = next((k for k in usable if not k.startswith("trainer.callbacks.")), usable[0])
+    values = "; ".join(
+        f"{_value_text(canon[label].get(key))}: {_configs(runs)}"
+        for label, runs in candidates.items()
+    )
+    names = short_names(keys)
+    what = ", ".join(names[k] for k in keys[:LABEL_PARAMS]) + (
+        ", ..." if len(keys) > LABEL_PARAMS else ""
+    )
+    keep = f"--where {key}={canon[chosen].get(key)}"
+    return (
+        f"the baseline {name} is ambiguous: {len(candidates)} groups of {name} runs differ in "
+        f"{what} ({key} {values}); keep one with {keep} (or pass --baseline "
+        f"{chosen!r})"
     )
 
 
@@ -512,7 +545,9 @@ def compare_groups(
     Args:
         records: the runs (:func:`collect_records`).
         group_by: the ``--group-by`` name (:func:`resolve_group_by`).
-        pair_by: ``"seed"``: differences paired by seed; ``None``: Welch's unpaired interval.
+        pair_by: ``"seed"``: differences paired on the seeds a group shares with the baseline
+            (a note says how many seeds each group dropped); ``None``: Welch's unpaired
+            interval.
         baseline: the baseline group's label (or value); default: the one group whose runs all
             train with :data:`BASELINE_LOSS`, else the first group.
         level: level of every interval; the equivalence tests run at ``alpha = 1 - level``.
@@ -521,12 +556,14 @@ def compare_groups(
 
     Returns:
         A :class:`GroupComparison` over the metrics that some run logged, ``val/`` then
-        ``test/``.
+        ``test/``, of the baseline and the groups that differ from it only in what
+        ``group_by`` varies; the notes name the other groups (another task, model or data)
+        and the ``--where`` filter that compares them apart.
 
     Raises:
         ValueError: naming the option: ``--group-by`` naming nothing of the runs, ``--baseline``
-            naming no group, ``--pair-by`` with groups of different seeds or runs without a
-            seed, ``--level`` outside (0, 1), or no run with a compared metric.
+            naming no group or several (the message names what they differ in and the filter
+            that keeps one), ``--level`` outside (0, 1), or no run with a compared metric.
     """
     level = parse_level(level)
     margins = dict(margins or {})
@@ -537,8 +574,9 @@ def compare_groups(
     if not groups:
         raise ValueError(f"--group-by: no run has a value for {key}")
     base = _baseline(groups, baseline)
-    if pair_by is not None:
-        _check_pairs(groups, base)
+    groups = _comparable(groups, base, key, notes)
+    paired = pair_by is not None
+    shared = _shared_seeds(groups, base, notes) if paired else {}
     metric_keys = _logged_metrics(groups)
     rows = [
         _group_row(
@@ -547,10 +585,9 @@ def compare_groups(
             _values(runs, keys),
             _values(groups[base], keys),
             is_base=label == base,
-            paired=pair_by is not None,
+            seeds=shared.get(label) if paired else None,
             margin=_margin(metric, margins),
             level=level,
-            notes=notes,
         )
         for metric, keys in metric_keys.items()
         for label, runs in groups.items()
@@ -559,7 +596,7 @@ def compare_groups(
     return GroupComparison(
         group_by=key,
         baseline=base,
-        paired=pair_by is not None,
+        paired=paired,
         level=level,
         margins={metric: _margin(metric, margins) for metric in metric_keys},
         groups=seeds,
@@ -567,6 +604,78 @@ def compare_groups(
         notes=notes,
         runs=sum(len(runs) for runs in groups.values()),
     )
+
+
+def _comparable(
+    groups: Mapping[str, list[RunRecord]], base: str, key: str, notes: list[str]
+) -> dict[str, list[RunRecord]]:
+    """The baseline and the groups that differ from it only in what ``key`` varies.
+
+    Every other group (another task, backbone, data set, or any other param that
+    :func:`~lightning_losses.compare.alike.treatment` does not count as the group-by key's) is
+    left out, with a note that names what it differs in and the ``--where`` filter that
+    compares such runs apart.
+    """
+    varies = treatment(key)
+    reference = canonical(groups[base][0].params)
+    kept = {}
+    for label, runs in groups.items():
+        params = canonical(runs[0].params)
+        differ = [
+            k
+            for k in sorted(set(reference) | set(params))
+            if reference.get(k) != params.get(k) and (k == TASK_PARAM or not varies(k))
+        ]
+        if not differ:
+            kept[label] = runs
+            continue
+        differ.sort(key=lambda k: k != TASK_PARAM)  # the task first
+        names = short_names(differ)
+        what = ", ".join(f"{names[k]}={_value_text(params.get(k))}" for k in differ[:LABEL_PARAMS])
+        what += ", ..." if len(differ) > LABEL_PARAMS else ""
+        chosen = next((k for k in differ if params.get(k) is not None), None)
+        apart = f"; compare such runs apart: --where {chosen}={params[chosen]}" if chosen else ""
+        notes.append(
+            f"not compared with the baseline {base}: {label} [{_configs(runs)}], "
+            f"{len(runs)} run(s) that differ from it in {what}{apart}"
+        )
+    return kept
+
+
+def _shared_seeds(
+    groups: Mapping[str, list[RunRecord]], base: str, notes: list[str]
+) -> dict[str, list[Any]]:
+    """The seeds each group shares with the baseline; a note for each group that drops some."""
+    from lightning_losses.compare.group_table import _seeds_text
+
+    for label, runs in groups.items():
+        unseeded = [r.name for r in runs if r.seed is None]
+        if unseeded:
+            notes.append(
+                f"{label}: {len(unseeded)} run(s) without a {SEED_PARAM} param cannot be "
+                f"paired: {', '.join(unseeded)}"
+            )
+    base_seeds = {r.seed for r in groups[base] if r.seed is not None}
+    shared: dict[str, list[Any]] = {}
+    for label, runs in groups.items():
+        if label == base:
+            continue
+        seeds = {r.seed for r in runs if r.seed is not None}
+        common = sorted(seeds & base_seeds, key=_seed_order)
+        own = sorted(seeds - base_seeds, key=_seed_order)
+        theirs = sorted(base_seeds - seeds, key=_seed_order)
+        shared[label] = common
+        if own or theirs:
+            dropped = [
+                f"{_seeds_text(own)} of its own" if own else "",
+                f"{_seeds_text(theirs)} of the baseline's" if theirs else "",
+            ]
+            notes.append(
+                f"{label}: paired on the {len(common)} seed(s) it shares with the baseline"
+                f"{' (' + _seeds_text(common) + ')' if common else ''}; dropped "
+                f"{len(own) + len(theirs)}: {' and '.join(filter(None, dropped))}"
+            )
+    return shared
 
 
 def _logged_metrics(groups: Mapping[str, list[RunRecord]]) -> dict[str, tuple[str, ...]]:
@@ -592,10 +701,9 @@ def _group_row(
     base_values: dict[Any, float],
     *,
     is_base: bool,
-    paired: bool,
+    seeds: Sequence[Any] | None,
     margin: float,
     level: float,
-    notes: list[str],
 ) -> GroupRow:
     """One group's row for one metric: its interval and its decision against the baseline.
 
@@ -605,10 +713,10 @@ def _group_row(
         values: the group's value per seed (:func:`_values`).
         base_values: the baseline group's.
         is_base: the group is the baseline (no decision).
-        paired: differences paired by seed, else Welch's unpaired comparison.
+        seeds: paired: the seeds the group shares with the baseline; ``None``: Welch's
+            unpaired comparison.
         margin: the metric's equivalence margin.
         level: level of the intervals.
-        notes: a line is appended here when paired seeds do not match.
     """
     higher = metric.split("/", 1)[1] in HIGHER_IS_BETTER
     mean = low = high = None
@@ -619,18 +727,13 @@ def _group_row(
         note = "baseline"
     elif not values or not base_values:
         note = "not logged"
-    elif paired:
-        try:
-            differences = pair_by_seed(values, base_values)
-        except ValueError:
-            note = "not paired"
-            notes.append(
-                f"{metric} of {label} not compared: logged for seeds "
-                f"{sorted(values, key=_seed_order)}, by the baseline for "
-                f"{sorted(base_values, key=_seed_order)}"
-            )
-        else:
+    elif seeds is not None:
+        common = [seed for seed in seeds if seed in values and seed in base_values]
+        if common:
+            differences = [values[seed] - base_values[seed] for seed in common]
             decision = decide(differences, margin=margin, level=level, higher_is_better=higher)
+        else:
+            note = "no seed shared with the baseline"
     else:
         decision = decide(
             list(values.values()),
@@ -640,231 +743,3 @@ def _group_row(
             higher_is_better=higher,
         )
     return GroupRow(metric, label, values, mean, low, high, decision, note)
-
-
-def _check_pairs(groups: Mapping[str, list[RunRecord]], base: str) -> None:
-    """Every group holds the baseline's seeds, and every run a seed.
-
-    Raises:
-        ValueError: naming ``--pair-by``: pair_by_seed's message, with the two groups.
-    """
-    unseeded = [r for runs in groups.values() for r in runs if r.seed is None]
-    if unseeded:
-        names = ", ".join(str(r.run_name or r.run_id[:8]) for r in unseeded)
-        raise ValueError(
-            f"--pair-by seed: runs without a {SEED_PARAM} param cannot be paired: {names} "
-            "(compare unpaired, without --pair-by)"
-        )
-    base_seeds = {r.seed: 0.0 for r in groups[base]}
-    for label, runs in groups.items():
-        try:
-            pair_by_seed({r.seed: 0.0 for r in runs}, base_seeds)
-        except ValueError as error:
-            raise ValueError(f"{error}; group {label!r} against the baseline {base!r}") from None
-
-
-# --- the table -------------------------------------------------------------------------------
-
-
-def _plus_minus(centre: float | None, high: float | None, sign: str = "") -> str:
-    """``0.9123 ± 0.0081``: the centre of a symmetric interval and its half width."""
-    if centre is None or high is None:
-        return "-"
-    return f"{centre:{sign}.4f} ± {high - centre:.4f}"
-
-
-def _seeds_text(seeds: Sequence[Any]) -> str:
-    """``0-4`` for consecutive integers, else the seeds listed."""
-    ints = [s for s in seeds if isinstance(s, int) and not isinstance(s, bool)]
-    if len(ints) == len(seeds) > 2 and ints == list(range(ints[0], ints[0] + len(ints))):
-        return f"{ints[0]}-{ints[-1]}"
-    return ", ".join(str(s) for s in seeds)
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 run``, ``2 runs``."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _preamble(result: GroupComparison) -> list[str]:
-    """The lines above the table: what was grouped, and how each column was computed."""
-    pct = f"{result.level:.0%}"
-    alpha = f"{1 - result.level:.3g}"
-    seed_sets = {tuple(seeds) for seeds in result.groups.values()}
-    if len(seed_sets) == 1:
-        seeds = next(iter(seed_sets))
-        each = f"{_count(len(seeds), 'seed')} each ({SEED_PARAM} {_seeds_text(seeds)})"
-    else:
-        sizes = sorted(len(seeds) for seeds in result.groups.values())
-        each = f"{sizes[0]}-{sizes[-1]} seeds per group"
-    how = (
-        "paired t on the per-seed differences (--pair-by seed)"
-        if result.paired
-        else "Welch's t on the two groups' seeds (unpaired; --pair-by seed pairs them)"
-    )
-    return [
-        f"{_count(result.runs, 'run')} in {_count(len(result.groups), 'group')} by "
-        f"{result.group_by}, {each}; "
-        f"baseline {result.baseline}.",
-        f"mean: over seeds, ± the half width of its {pct} Student-t interval. diff: to the "
-        f"baseline, {how}, ± the same. "
-        f"Verdict: better or worse when the diff's {pct} interval excludes 0; equivalent when "
-        f"two one-sided t-tests at alpha {alpha} put it within ±margin; else undecided, with "
-        "about how many seeds would decide.",
-    ]
-
-
-def _cells(row: GroupRow) -> dict[str, str]:
-    cells = {
-        "group": row.group,
-        "n": str(len(row.values)),
-        "mean": _plus_minus(row.mean, row.high),
-        "difference": "",
-        "verdict": "",
-    }
-    if row.decision is not None:
-        cells["difference"] = _plus_minus(row.decision.difference, row.decision.high, "+")
-        cells["verdict"] = verdict_text(row.decision)
-    elif row.note:
-        cells["verdict"] = row.note
-    return cells
-
-
-#: Columns right-aligned in the table.
-_NUMERIC = frozenset({"n", "mean", "difference"})
-#: Columns left out, in turn, when cutting the group column does not make the table fit.
-DROPPED = (("mean",),)
-#: What the last line says of a column left out.
-_DROPPED_TEXT = {"mean": "the groups' means (in the CSV)"}
-
-
-def _fit(
-    keys: list[str], natural: Mapping[str, int], width: int
-) -> tuple[list[str], int, list[str]]:
-    """The columns kept, the group column's width and what was done to fit ``width``.
-
-    Tried in turn: every column, then without those of each entry of :data:`DROPPED`; in each,
-    the group column is cut down to :data:`MIN_GROUP_WIDTH`. The first that fits is taken, else
-    the last (its lines are then longer than ``width``).
-    """
-    floor = min(natural["group"], MIN_GROUP_WIDTH)
-    for dropped in ((), *DROPPED):
-        kept = [key for key in keys if key not in dropped]
-        others = sum(natural[k] for k in kept if k != "group") + _GAP * (len(kept) - 1)
-        group = max(floor, min(natural["group"], width - others))
-        if group + others <= width or dropped == DROPPED[-1]:
-            break
-    fitted = ["cut group"] if group < natural["group"] else []
-    if dropped:
-        fitted.append("left out " + ", ".join(_DROPPED_TEXT[key] for key in dropped))
-    return kept, group, fitted
-
-
-def format_groups(result: GroupComparison, *, width: int | None = None) -> str:
-    """The comparison as text: a preamble, then per metric one line per group.
-
-    The columns: group, n (left out when every group has the same seeds: the preamble says
-    how many), the mean over seeds ± the half width of its Student-t interval, the difference
-    to the baseline ± the half width of its interval (the headers name the level and the
-    method; both intervals are symmetric) and the verdict. To fit ``width``, the group column
-    is cut (ending in ``...``) down to 8 characters; where that is not enough the groups'
-    means are left out too; a last line says what was cut or left out.
-
-    Args:
-        result: from :func:`compare_groups`.
-        width: the longest line allowed; ``None``: no limit.
-
-    Returns:
-        The text, without a final newline.
-    """
-    pct = f"{result.level:.0%}"
-    headers = {
-        "group": "group",
-        "n": "n",
-        "mean": f"mean ± {pct} t CI",
-        "difference": f"diff ± {pct} {result.method} CI",
-        "verdict": "verdict",
-    }
-    cells = [_cells(row) for row in result.rows]
-    keys = list(headers)
-    if len({tuple(seeds) for seeds in result.groups.values()}) == 1 and all(
-        len(row.values) == len(result.groups[row.group]) for row in result.rows
-    ):
-        keys.remove("n")
-    natural = {k: max(len(t) for t in [headers[k], *(c[k] for c in cells)]) for k in keys}
-    widths = dict(natural)
-    fitted: list[str] = []
-    if width is not None:
-        keys, widths["group"], fitted = _fit(keys, natural, width)
-
-    def line(texts: Mapping[str, str]) -> str:
-        parts = [
-            _cut(texts[k], widths[k]).rjust(widths[k])
-            if k in _NUMERIC
-            else _cut(texts[k], widths[k]).ljust(widths[k])
-            for k in keys
-        ]
-        return (" " * _GAP).join(parts).rstrip()
-
-    lines = [line(headers), "-" * (sum(widths[k] for k in keys) + _GAP * (len(keys) - 1))]
-    metric = None
-    for row, texts in zip(result.rows, cells, strict=True):
-        if row.metric != metric:
-            metric = row.metric
-            better = "higher" if metric.split("/", 1)[1] in HIGHER_IS_BETTER else "lower"
-            margin = result.margins[metric]
-            lines.append(f"{metric} ({better} is better; equivalence margin ±{margin:g})")
-        lines.append(line(texts))
-    notes = list(result.notes)
-    if fitted:
-        notes.append(f"to fit {width} columns: {'; '.join(fitted)} (--wide shows everything)")
-    preamble = _preamble(result)
-    if width is not None:
-        wrap = lambda text: textwrap.wrap(text, width, subsequent_indent="  ")  # noqa: E731
-        preamble = [part for text in preamble for part in wrap(text)]
-        notes = [part for text in notes for part in wrap(text)]
-    text = "\n".join([*preamble, "", *lines])
-    return text + "\n\n" + "\n".join(notes) if notes else text
-
-
-def write_groups_csv(result: GroupComparison, path: str | os.PathLike[str]) -> Path:
-    """Write the comparison, one line per metric and group (columns :data:`GROUP_CSV_COLUMNS`).
-
-    Floats are written in full precision; ``values`` is the group's value per seed as JSON
-    (``{"0": 0.91, "1": 0.93}``), so that every interval and verdict can be recomputed.
-    Empty fields: no value (the baseline has no difference).
-
-    Returns:
-        The path written; its folder is created.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=GROUP_CSV_COLUMNS, restval="")
-        writer.writeheader()
-        for row in result.rows:
-            d = row.decision
-            record: dict[str, Any] = {
-                "metric": row.metric,
-                "group": row.group,
-                "n": len(row.values),
-                "seeds": " ".join(str(seed) for seed in row.values),
-                "mean": row.mean,
-                "low": row.low,
-                "high": row.high,
-                "baseline": result.baseline,
-                "method": result.method,
-                "level": result.level,
-                "margin": result.margins[row.metric],
-                "verdict": row.note if d is None else d.verdict,
-                "values": json.dumps({str(seed): v for seed, v in row.values.items()}),
-            }
-            if d is not None:
-                record.update(
-                    difference=d.difference,
-                    difference_low=d.low,
-                    difference_high=d.high,
-                    seeds_needed=d.seeds_needed,
-                )
-            writer.writerow({k: "" if v is None else v for k, v in record.items()})
-    return path

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_losses.compare.alike import TASK_PARAM, matches
 from lightning_losses.compare.describe import hparams_text
 from lightning_losses.compare.params import class_name, parse_param
 
@@ -48,6 +49,8 @@ __all__ = [
     "fit_seconds",
     "mlflow_client",
     "resolve_tracking_uri",
+    "run_fields",
+    "run_fields_of",
     "run_row",
     "run_statuses",
     "select_runs",
@@ -83,6 +86,7 @@ COLUMNS: tuple[str, ...] = (
     "loss",
     "hparams",
     "dataset",
+    "task",
     "config",
     *METRICS,
     "epochs",
@@ -144,8 +148,11 @@ def mlflow_client(tracking_uri: str) -> MlflowClient:
         A client of that store.
 
     Raises:
-        ValueError: the URI names a SQLite database that does not exist.
+        ValueError: the URI names a SQLite database that does not exist, or a folder or file
+            (a path, or ``file:``): no store the package writes; the message says how to
+            point at the SQLite store.
     """
+    _refuse_a_path(tracking_uri)
     path = _sqlite_path(tracking_uri)
     if path is not None and not path.is_file():
         raise ValueError(
@@ -155,6 +162,64 @@ def mlflow_client(tracking_uri: str) -> MlflowClient:
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _refuse_a_path(tracking_uri: str) -> None:
+    """Refuse a tracking URI that is a path or a ``file:`` URI, with how to name the store.
+
+    Raises:
+        ValueError: for such a URI; where the folder holds ``mlflow.db`` (or the path is a
+            ``.db`` file), the message gives the ``sqlite:///`` URI to pass.
+
+    Example:
+        >>> _refuse_a_path("sqlite:////tmp/mlflow.db")  # a store URI: nothing to say
+    """
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme not in ("", "file") and len(parsed.scheme) > 1:  # "C:" is a drive
+        return
+    text = url2pathname(parsed.path) if parsed.scheme == "file" else tracking_uri
+    path = Path(text).expanduser().resolve()
+    database = path if path.suffix == ".db" else path / "mlflow.db"
+    if database.is_file():
+        hint = f"the store there is --tracking-uri sqlite:///{database}"
+    else:
+        hint = (
+            "pass the SQLite file the fits logged to, e.g. --tracking-uri "
+            f"sqlite:///{path / 'mlflow.db'} (fit's default: sqlite:///mlflow.db in the folder "
+            "it ran in), or a server's http:// URI"
+        )
+    raise ValueError(f"no MLflow store here: {tracking_uri!r} is a path, not a store URI; {hint}")
+
+
+def run_fields(
+    params: Mapping[str, str],
+    tags: Mapping[str, str],
+    run_name: str | None = None,
+    status: str | None = None,
+) -> dict[str, str]:
+    """A run's params and tags in one mapping, with its name, status and loss (for ``--where``).
+
+    Example:
+        >>> run_fields({"model.criterion.class_path": "x.FocalLoss"}, {"config": "f"}, "r")
+        {'config': 'f', 'model.criterion.class_path': 'x.FocalLoss', 'run_name': 'r', 'loss': 'FocalLoss'}
+    """  # noqa: E501
+    fields = {**tags, **params}
+    if run_name:
+        fields["run_name"] = run_name
+    if status:
+        fields["status"] = status
+    loss = _loss_name(tags, params)
+    if loss:
+        fields["loss"] = loss
+    return fields
+
+
+def run_fields_of(run: Run) -> dict[str, str]:
+    """:func:`run_fields` of an MLflow run."""
+    return run_fields(run.data.params, run.data.tags, run.info.run_name, run.info.status)
 
 
 def _experiment_id(client: MlflowClient, experiment: str) -> str:
@@ -393,6 +458,7 @@ def run_row(
         "loss": _loss_name(tags, params),
         "hparams": hparams_text(params),
         "dataset": _dataset_name(tags, params),
+        "task": params.get(TASK_PARAM),
         "config": tags.get("config"),
         **_final_metrics(metrics),
         "epochs": _epochs(metrics, params),
@@ -407,6 +473,8 @@ def collect_runs(
     run_ids: list[str] | None = None,
     status: str | Sequence[str] | None = None,
     skipped: dict[str, int] | None = None,
+    where: Sequence[tuple[str, str]] = (),
+    configs: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per finished or running run (or per run of ``status``) of an MLflow experiment.
 
@@ -428,6 +496,9 @@ def collect_runs(
             running runs.
         skipped: if given, filled with the number of runs left out for their status, by
             status (e.g. ``{"FAILED": 2}``).
+        where: ``--where`` (key, value) pairs on the runs' params and tags
+            (:func:`~lightning_losses.compare.alike.matches`).
+        configs: ``--config`` names: only the runs fitted from these configs.
 
     Returns:
         Rows with the keys :data:`COLUMNS` (see :func:`run_row`); missing values are ``None``.
@@ -443,6 +514,7 @@ def collect_runs(
         runs = _find_runs(client, experiment, experiment_id, run_ids)
     else:
         runs = select_runs(client, experiment_id, status, skipped)
+    runs = matches(runs, run_fields_of, where=where, configs=configs)
     from lightning_losses.tracking import final_metrics
 
     return [

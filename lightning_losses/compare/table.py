@@ -4,9 +4,12 @@ The text table (:func:`format_table`) names each run by its name, the first 8 ch
 its id and its start time, so that two fits of one config are told apart. It fits a given
 width: what all runs share (their loss, dataset, or some hyper-parameters) moves from the
 columns into one ``common:`` line under the table; when that is not enough, the start-time
-column is left out, the text columns are cut (ending in ``...``) down to a minimum width, then
-the dataset, epochs and Brier columns are left out, in that order, and a last line says what
-was left out. ``wide=True`` shows every column in full.
+column is left out, the hyper-parameter and dataset columns are cut (ending in ``...``) down to
+a minimum width, then the dataset, epochs, Brier and wall-time columns are left out, in that
+order, and a last line says what was left out; run names are never cut (two configs whose
+names start alike would look the same). A status column appears when the runs listed have
+several statuses, a task column when they have several tasks. ``wide=True`` shows every
+column in full.
 
 Imports only the standard library.
 """
@@ -57,10 +60,12 @@ def _short_time(value: Any) -> str:
 TABLE_COLUMNS: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
     ("run_name", "run", "{}"),
     ("run_id", "id", _short_id),
+    ("status", "status", "{}"),
     ("start_time", "started", _short_time),
     ("loss", "loss", "{}"),
     ("hparams", "hparams", "{}"),
     ("dataset", "dataset", "{}"),
+    ("task", "task", "{}"),
     *((name, name, "{:.4f}") for name in METRICS),
     ("epochs", "epochs", "{:d}"),
     ("wall_time_s", "wall s", "{:.1f}"),
@@ -78,13 +83,17 @@ COMMON_COLUMNS = ("loss", "dataset")
 DATASET_SUFFIX = "DataModule"
 #: Text columns left out when no run has a value for them.
 OPTIONAL_TEXT = frozenset({"run_id", "start_time", "loss", "hparams", "dataset"})
-#: Columns cut to fit the width, with the narrowest each is cut to.
-MIN_WIDTHS: dict[str, int] = {"run_name": 12, "hparams": 16, "dataset": 10}
+#: Columns shown only when the rows do not all have the same value: the status (``--status
+#: any`` lists runs of several) and the task (a binary run beside multiclass ones).
+WHEN_THEY_DIFFER = frozenset({"status", "task"})
+#: Columns cut to fit the width, with the narrowest each is cut to. Run names are never cut:
+#: two configs whose names start alike must not look the same.
+MIN_WIDTHS: dict[str, int] = {"hparams": 16, "dataset": 10}
 #: Columns cut only when nothing else makes the table fit, with the narrowest each is cut to.
 LAST_CUT: dict[str, int] = {"loss": 9}
 #: Columns left out to fit the width: the first before any cut, the others after cutting.
 FIRST_DROPPED = "start_time"
-DROPPED = ("dataset", "epochs", "val/brier")
+DROPPED = ("dataset", "epochs", "val/brier", "wall_time_s")
 #: Spaces between columns.
 _GAP = 2
 
@@ -124,6 +133,17 @@ def sort_rows(
     present = [row for row in copies if row.get(key) is not None]
     missing = [row for row in copies if row.get(key) is None]
     return sorted(present, key=lambda row: row[key], reverse=descending) + missing
+
+
+def _shown(key: str, cells: Sequence[str]) -> bool:
+    """Whether a column is shown (a text column of no run's value, or one all runs share, not).
+
+    :data:`OPTIONAL_TEXT` columns when some row has a value, :data:`WHEN_THEY_DIFFER` columns
+    when the rows differ in it, every other column always.
+    """
+    if key in WHEN_THEY_DIFFER:
+        return len(set(cells)) > 1
+    return key not in OPTIONAL_TEXT or set(cells) != {"-"}
 
 
 def _cell(value: Any, fmt: str | Callable[[Any], str]) -> str:
@@ -257,7 +277,7 @@ def format_table(
     if wide:
         formats = {key: "{}" if callable(fmt) else fmt for key, _, fmt in columns}
         cells = {key: [_cell(row.get(key), formats[key]) for row in rows] for key in formats}
-        keys = [key for key in headers if key not in OPTIONAL_TEXT or set(cells[key]) != {"-"}]
+        keys = [key for key in headers if _shown(key, cells[key])]
         return _render(keys, headers, cells, {})
     cells = {key: [_cell(row.get(key), fmt) for row in rows] for key, _, fmt in columns}
     common: dict[str, str] = {}
@@ -274,7 +294,7 @@ def format_table(
     shared_text = [f"{headers[key]} {common[key]}" for key in headers if key in common]
     cells["dataset"] = [_short_dataset(text) for text in cells["dataset"]]
     cells["hparams"] = [_cut(cell, MAX_CELL) for cell in cells["hparams"]]
-    keys = [key for key in headers if key not in OPTIONAL_TEXT or set(cells[key]) != {"-"}]
+    keys = [key for key in headers if _shown(key, cells[key])]
     natural = {key: max(len(text) for text in [headers[key], *cells[key]]) for key in keys}
     if width is None:
         return _render(keys, headers, cells, natural, _notes(shared_text, [], [], None))

@@ -281,7 +281,13 @@ def test_format_table_aligns_and_shows_missing_as_dash(rows):
     table = compare.format_table(rows.values(), sort_by="val/brier")
     lines = table.splitlines()
     assert len({len(line) for line in lines[:2]}) == 1  # header as wide as the rule
-    assert lines[0].split()[:6] == ["run", "id", "started", "loss", "hparams", "dataset"]
+    # The store lists a RUNNING run beside FINISHED ones: a status column says which.
+    header = ["run", "id", "status", "started", "loss", "hparams", "dataset"]
+    assert lines[0].split()[:7] == header
+    status = lines[0].index("status")
+    statuses = {line.split()[0]: line[status:].split()[0] for line in lines[2:]}
+    assert statuses == {row["run_name"]: row["status"] for row in rows.values()}
+    assert set(statuses.values()) == {"FINISHED", "RUNNING"}
     assert _table_order(table)[-1] == "gamma-run"  # no val/brier: last, shown as "-"
     gamma_line = lines[-1]
     assert "0.9300" in gamma_line

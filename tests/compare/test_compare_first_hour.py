@@ -191,7 +191,10 @@ def test_printed_table_fits_100_columns_and_names_what_all_runs_share(printed):
     assert "label_smoothing" not in rows
     for _, loss, *_ in RUNS:
         assert loss in rows  # the loss names stay whole
-    assert any(cell.endswith("...") for cell in rows.split())  # long names are cut
+    body = rows.splitlines()[2:]
+    assert [line.split()[0] for line in body].count("digits_gamma_ce_annealed") == 1
+    assert {line.split()[0] for line in body} == {name for name, *_ in RUNS}  # names whole
+    assert any(cell.endswith("...") for cell in rows.split())  # long hparams are cut
     notes = " ".join(printed.split("\n\n")[1].split())
     assert "to fit 100 columns: left out" in notes
     assert "dataset" in notes
@@ -242,8 +245,10 @@ def test_the_table_fits_the_terminal_width(store, tmp_path, monkeypatch):
     lines = text.split("\nwrote ")[0].splitlines()
     assert max(len(line) for line in lines) <= 132
     assert max(len(line) for line in lines) > WIDTH  # more room, more shown
-    for title in ("dataset", "val/brier", "epochs"):  # left out at 100 columns, shown here
+    for title in ("val/brier", "epochs"):  # left out at 100 columns, shown here
         assert title in lines[0].split()
+    names = {line.split()[0] for line in lines[2 : 2 + len(RUNS)]}
+    assert names == {name for name, *_ in RUNS}  # whole run names
 
 
 def test_wall_time_is_the_fits_own_not_a_later_tests(store):

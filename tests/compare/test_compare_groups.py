@@ -168,7 +168,7 @@ def store(tmp_path_factory) -> dict:
     )
     # Seed 0 of CE ran twice: this older run, far off, must not count.
     stale = {metric: 0.5 for metric in METRICS}
-    _run(client, experiment_id, CE, 0, stale, START_MS)
+    stale_id = _run(client, experiment_id, CE, 0, stale, START_MS)
     ids: dict[tuple[str, int], str] = {}
     start = START_MS + 60_000
     for group, values in VALUES.items():
@@ -178,7 +178,7 @@ def store(tmp_path_factory) -> dict:
             start += 10_000
     failed = client.create_run(experiment_id, run_name="failed", tags={"loss": "X"})
     client.set_terminated(failed.info.run_id, status="FAILED")
-    return {"uri": uri, "root": root, "ids": ids}
+    return {"uri": uri, "root": root, "ids": ids, "stale": stale_id}
 
 
 def compare(store, tmp_path, capsys, *options: str) -> tuple[int, str, str]:
@@ -264,8 +264,10 @@ def test_paired_verdicts_real_difference_null_and_noise(store, tmp_path, capsys)
     assert not tost(d, 0.01, 0.05)
     k = seeds_needed_by_hand(d, 0.01)
     assert lines["val/acc", NOISY].endswith(f"  undecided (needs ~{k} seeds)")
-    # The older run of CE seed 0 does not count, and the output says so.
-    assert "seed 0 ran more than once" in out
+    # The older run of CE seed 0 does not count, and the output names the run that does.
+    latest, older = store["ids"][CE, 0][:8], store["stale"][:8]
+    note = f"seed 0 ran 2 times; the latest run counts, digits_ce {latest}, not digits_ce {older}"
+    assert note in out.replace("\n  ", " ")
     assert re.search(r"20 runs in 4 groups by model\.criterion\.class_path", out)
 
 
@@ -381,19 +383,34 @@ def test_baseline_by_value_left_out_runs_and_group_order(store, tmp_path, capsys
     assert verdict_text(hopeless) == "undecided (needs over 1000 seeds)"
 
 
-def test_unequal_seeds_cannot_be_paired(store, tmp_path, capsys):
+def test_pairing_uses_the_seeds_the_groups_share(store, tmp_path, capsys):
+    """FocalLoss without seed 4: paired on seeds 0-3, and a note says what was dropped."""
     ids = [run_id for (group, seed), run_id in store["ids"].items() if (group, seed) != (FOCAL, 4)]
     options = ["--group-by", GROUP_BY, "--pair-by", "seed", "--runs", *ids]
     code, out, err = compare(store, tmp_path, capsys, *options)
-    assert code == 2
-    assert out == ""
-    assert len(err.strip().splitlines()) == 1
-    assert "--pair-by" in err
-    assert "only in the baseline: [4]" in err
-    assert "'FocalLoss'" in err
+    assert code == 0, err
+    flat = out.replace("\n  ", " ")
+    note = "FocalLoss: paired on the 4 seed(s) it shares with the baseline (0-3); dropped 1: 4 of"
+    assert note in flat
+    assert "AdaFocalLoss: paired" not in flat  # the groups that hold every seed drop none
+    rows = {
+        (row["metric"], row["group"]): row
+        for row in csv.DictReader((tmp_path / "groups.csv").open(encoding="utf-8"))
+    }
+    for metric in METRICS:
+        shared = range(4)
+        reference = stats.ttest_rel(
+            [VALUES[FOCAL][metric][s] for s in shared], [VALUES[CE][metric][s] for s in shared]
+        ).confidence_interval(0.95)
+        row = rows[metric, FOCAL]
+        assert (float(row["difference_low"]), float(row["difference_high"])) == pytest.approx(
+            (reference.low, reference.high), abs=1e-12
+        )
+        assert row["n"] == "4"
     # Unpaired, the same runs compare: Welch's interval takes unequal groups.
     code, out, err = compare(store, tmp_path, capsys, *options[:2], "--runs", *ids)
     assert code == 0, err
+    assert "paired on" not in out
 
 
 @pytest.mark.parametrize(
@@ -411,6 +428,10 @@ def test_unequal_seeds_cannot_be_paired(store, tmp_path, capsys):
         (["--group-by", "loss", "--margin", "acc=x"], "--margin acc= needs a number >= 0"),
         (["--group-by", "loss", "--margin", "ece=-1"], "--margin ece= needs a number >= 0"),
         (["--pair-by", "seed"], "--pair-by needs --group-by PARAM"),
+        (["--group-by", "loss", "--where", "gamma"], "--where expects KEY=VALUE"),
+        (["--group-by", "loss", "--where", "gama=2"], "--where: no param or tag 'gama'"),
+        (["--where", "class_path=x"], "--where 'class_path' names several params"),
+        (["--config", "digits_cee"], "--config digits_cee: no run was fitted from it; configs"),
         (["--baseline", "FocalLoss"], "--baseline needs --group-by PARAM"),
     ],
 )
@@ -423,6 +444,31 @@ def test_bad_input_is_one_line_naming_the_option(store, tmp_path, capsys, option
     assert message in err
 
 
+def test_where_and_config_pick_the_runs(store, tmp_path, capsys):
+    """--where on a param (its last parts, the same number) and --config on the config tag."""
+    options = ["--group-by", "config", "--pair-by", "seed", "--baseline", "digits_focal"]
+    code, out, err = compare(store, tmp_path, capsys, *options, "--where", "gamma=2")
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "groups.csv").open(encoding="utf-8")))
+    assert {row["group"] for row in rows} == {"digits_focal"}  # only the focal runs have gamma 2
+    assert {row["seeds"] for row in rows} == {"0 1 2 3 4"}
+    options = ["--group-by", GROUP_BY, "--pair-by", "seed", "--config", "digits_ce", "digits_st"]
+    code, out, err = compare(store, tmp_path, capsys, *options)
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "groups.csv").open(encoding="utf-8")))
+    assert {row["group"] for row in rows} == {CE, NOISY}
+    d = paired(NOISY, "val/acc")
+    k = seeds_needed_by_hand(d, 0.01)
+    assert table_lines(out)["val/acc", NOISY].endswith(f"  undecided (needs ~{k} seeds)")
+    # A filter that no run passes: exit 1, naming the filter.
+    code, out, err = compare(store, tmp_path, capsys, "--where", "gamma=3")
+    assert code == 1
+    assert err.strip() == (
+        f"no finished or running runs in experiment '{EXPERIMENT}' match --where gamma=3; "
+        "skipped 1 run for their status (1 FAILED): --status any lists every run"
+    )
+
+
 def test_baseline_did_you_mean(store, tmp_path, capsys):
     code, _, err = compare(store, tmp_path, capsys, "--group-by", "loss", "--baseline", "FocalLos")
     assert code == 2
@@ -431,26 +477,31 @@ def test_baseline_did_you_mean(store, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("width", "fitted", "shown"),
+    ("width", "fitted", "wrapped"),
     [
-        (80, "cut group", "CrossEn..."),
-        (64, "cut group; left out the groups' means (in the CSV)", "CrossEnt..."),
+        (100, "", False),
+        (80, "left out the groups' means (in the CSV)", False),
+        (64, "each group's name on its own line; left out the groups' means (in the CSV)", True),
     ],
 )
-def test_narrow_table_is_cut_to_fit(store, width, fitted, shown):
-    """The group column is cut first, then the groups' means are left out."""
+def test_narrow_table_keeps_group_names_whole(store, width, fitted, wrapped):
+    """Group names are never cut: the means are left out, then names go on lines of their own."""
     from lightning_losses.compare import groups
 
     records = groups.collect_records(EXPERIMENT, tracking_uri=store["uri"])
     result = groups.compare_groups(records, GROUP_BY, pair_by="seed")
     text = groups.format_groups(result, width=width)
     assert all(len(line) <= width for line in text.splitlines())
-    assert f"to fit {width} columns: {fitted} (--wide" in text.replace("\n  ", " ")
+    flat = text.replace("\n  ", " ")
+    assert (f"to fit {width} columns: {fitted} (--wide" in flat) == bool(fitted)
     table = text.split("\n\n")[1]
-    assert shown in table
-    assert "baseline" in table
-    assert "better" in table
-    assert ("mean ± 95% t CI" in table) == ("means" not in fitted)
+    assert "..." not in table
+    lines = table.splitlines()
+    for group in VALUES:  # every name whole, on its own line when wrapped
+        named = [line for line in lines if line.split() and line.split()[0] == group]
+        assert len(named) == len(METRICS)
+        assert all((line == group) == wrapped for line in named)
+    assert ("mean ± 95% t CI" in table) == (not fitted)
     wide = groups.format_groups(result)
     assert "CrossEntropyLoss" in wide
     assert "to fit" not in wide
