@@ -1,9 +1,9 @@
 """The result of ``compare --group-by`` and its text and CSV: a preamble, a table, groups.csv.
 
 :class:`GroupComparison` (one :class:`GroupRow` per metric and group) is what
-:func:`~lightning_losses.compare.groups.compare_groups` returns. :func:`format_groups` prints a :class:`~lightning_losses.compare.groups.GroupComparison` as a
-table that fits a width, after a preamble that says what was grouped and states the verdict
-rules in the order :func:`~lightning_losses.compare.decide.decide` applies them;
+:func:`~lightning_losses.compare.groups.compare_groups` returns. :func:`format_groups` prints
+it as a table that fits a width, after a preamble that says what was grouped and states the
+verdict rules in the order :func:`~lightning_losses.compare.decide.decide` applies them;
 :func:`write_groups_csv` writes it in full precision with every group's per-seed values, so
 that each verdict can be recomputed.
 
