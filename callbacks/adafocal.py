@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_losses.callbacks.artifacts import artifact_loggers, figure_folder
+from lightning_losses.callbacks.artifacts import artifact_loggers, diagram_title, figure_folder
 from lightning_losses.callbacks.criterion import DEFAULT_ATTRIBUTE, attribute_name, module_criterion
 from lightning_losses.callbacks.gather import all_gather_uneven
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
@@ -256,7 +256,9 @@ class AdaFocalUpdate(Callback):
 
         path = figure_folder(trainer) / f"adafocal_epoch={epoch:03d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        gamma_diagram(*bins, path=path, title=f"AdaFocal bins after validation, epoch {epoch}")
+        what = f"AdaFocal bins after validation, epoch {epoch}"
+        title = diagram_title(trainer, what, attribute=self.attribute)  # the run, its loss, what
+        gamma_diagram(*bins, path=path, title=title)
         for log_file in artifact_loggers(trainer):
             log_file(str(path), artifact_path="calibration")
         self.last_diagram = path

@@ -20,6 +20,8 @@ __all__ = ["artifact_loggers", "diagram_task", "diagram_title", "figure_folder",
 SEPARATOR = " · "
 #: The reduction every loss of the package defaults to: not repeated in a title.
 _DEFAULT_REDUCTION = re.compile(r"(, )?reduction='mean'(, )?")
+#: A bracketed list of values (no nested brackets).
+_LIST = re.compile(r"\[([^\[\]]*)\]")
 
 
 def figure_folder(trainer: pl.Trainer) -> Path:
@@ -47,16 +49,25 @@ def loss_label(criterion: Any) -> str:
     """``FocalLoss(gamma=2.0)``: the loss's class and its current hyper-parameters, one line.
 
     The module's ``extra_repr`` (its hyper-parameters, as ``repr`` shows them) without the
-    default ``reduction='mean'``; an object that is no module is shown by its class name.
+    default ``reduction='mean'``, a list of more than three values as its length; an object
+    that is no module is shown by its class name.
 
     Example:
-        >>> from lightning_losses import FocalLoss
+        >>> from lightning_losses import AdaFocalLoss, FocalLoss
         >>> loss_label(FocalLoss(gamma=2.0)), loss_label(FocalLoss(reduction="sum"))
         ('FocalLoss(gamma=2.0)', "FocalLoss(gamma=2.0, reduction='sum')")
+        >>> loss_label(AdaFocalLoss(num_bins=15))
+        'AdaFocalLoss(num_bins=15, gammas=[15 values])'
     """
     extra = getattr(criterion, "extra_repr", None)
     args = _DEFAULT_REDUCTION.sub(_joined, extra()) if callable(extra) else ""
-    return f"{type(criterion).__name__}({args})"
+    return f"{type(criterion).__name__}({_LIST.sub(_counted, args)})"
+
+
+def _counted(match: re.Match[str]) -> str:
+    """A list of more than three values as its length (AdaFocal's per-bin gammas)."""
+    values = match.group(1).split(",")
+    return f"[{len(values)} values]" if len(values) > 3 else match.group(0)
 
 
 def _joined(match: re.Match[str]) -> str:

@@ -125,3 +125,38 @@ def test_a_fit_s_diagrams_name_the_run_and_the_loss(tmp_path, monkeypatch):
         assert bottom.get_xlabel() == "P(positive)"
         assert top.get_ylabel() == "Observed positive frequency"
     assert diagram_title(trainer, "val, epoch 0") == f"{run}\n{loss}"
+
+
+def test_adafocal_s_diagram_names_its_loss(tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_losses import AdaFocalLoss
+    from lightning_losses.callbacks import AdaFocalUpdate
+    from lightning_losses.data import DigitsDataModule
+    from lightning_losses.lightning import ClassifierModule
+
+    drawn = []
+
+    def keep(*args, **kwargs):
+        drawn.append(gamma_diagram(*args, **kwargs))
+        return drawn[-1]
+
+    gamma_diagram = D.gamma_diagram
+    monkeypatch.setattr(D, "gamma_diagram", keep)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=2,
+        logger=CSVLogger(tmp_path, name="run"),  # names no run: the title starts at the loss
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[AdaFocalUpdate(final_diagram=True)],
+    )
+    trainer.fit(ClassifierModule(AdaFocalLoss(num_bins=15), hidden=[8]), DigitsDataModule())
+    (fig,) = drawn
+    title = fig.axes[0].get_title()
+    assert title.replace("\n", " ").startswith(
+        "AdaFocalLoss(num_bins=15, gammas=[15 values]) · AdaFocal bins after validation, epoch 0"
+    )
+    assert len(title.splitlines()) == 3  # the line wrapped once, then the ECE
