@@ -219,3 +219,84 @@ def test_a_folder_as_tracking_uri_is_one_line_naming_the_store(tmp_path, form):
         .strip()
         .endswith(f"the store there is --tracking-uri sqlite:///{tmp_path / 'mlflow.db'}")
     )
+
+
+def test_pairing_without_a_shared_seed_or_a_seed_gives_no_verdict_and_says_why():
+    runs = [record("ce", s, CE, 0.9 + 0.01 * s, "digits_ce") for s in range(3)]
+    runs += [record("f", s, FOCAL, 0.95, "digits_focal") for s in (5, 6)]
+    unseeded = record("f", 7, FOCAL, 0.5, "digits_focal")
+    runs.append(
+        RunRecord(
+            **{
+                **vars(unseeded),
+                "params": {k: v for k, v in unseeded.params.items() if k != "seed_everything"},
+            }
+        )
+    )
+    result = compare_groups(runs, "loss", pair_by="seed")
+    rows = {row.group: row for row in result.rows}
+    assert rows["FocalLoss"].decision is None
+    assert rows["FocalLoss"].note == "no seed shared with the baseline"
+    assert result.notes == [
+        f"FocalLoss: 1 run(s) without a seed_everything param cannot be paired: digits_focal "
+        f"{unseeded.run_id[:8]}",
+        "FocalLoss: paired on the 0 seed(s) it shares with the baseline; dropped 5: 5, 6 of its "
+        "own and 0-2 of the baseline's",
+    ]
+
+
+def test_the_figure_plots_one_task_and_its_title_names_it():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from lightning_losses.compare.figure import draw_scatter, split_tasks
+
+    rows = [
+        {
+            "run_id": "a" * 32,
+            "run_name": "digits_ce",
+            "task": "multiclass",
+            "val/acc": 0.9,
+            "val/ece": 0.05,
+        },
+        {
+            "run_id": "b" * 32,
+            "run_name": "digits_focal",
+            "task": "multiclass",
+            "val/acc": 0.91,
+            "val/ece": 0.03,
+        },
+        {
+            "run_id": "c" * 32,
+            "run_name": "rare_digit_binary_focal",
+            "task": "binary",
+            "val/acc": 0.99,
+            "val/ece": 0.4,
+        },
+    ]
+    fig = Figure(figsize=(6, 5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    texts = draw_scatter(ax, rows)
+    assert sorted(text.get_text() for text in texts) == ["digits_ce", "digits_focal"]
+    assert [tuple(xy) for xy in ax.collections[0].get_offsets()] + [
+        tuple(xy) for xy in ax.collections[1].get_offsets()
+    ] == [(0.9, 0.05), (0.91, 0.03)]
+    assert len(ax.collections) == 2
+    assert ax.get_title().startswith("multiclass runs: accuracy vs calibration")
+    assert split_tasks(rows)[1] == (
+        "the figure plots the multiclass runs; left out 1 binary run (rare_digit_binary_focal): "
+        "--where model.task=binary plots them"
+    )
+
+
+def test_outputs_go_beside_the_store_or_where_out_says(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from lightning_losses.compare.cli import output_folder
+
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "runs" / "mlflow.db"
+    assert output_folder(None, f"sqlite:///{store}") == tmp_path / "runs" / "comparison"
+    assert output_folder(None, "http://127.0.0.1:5000") == tmp_path / "comparison"  # a server
+    assert output_folder("elsewhere", f"sqlite:///{store}") == Path("elsewhere")

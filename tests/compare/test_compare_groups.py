@@ -460,6 +460,12 @@ def test_where_and_config_pick_the_runs(store, tmp_path, capsys):
     d = paired(NOISY, "val/acc")
     k = seeds_needed_by_hand(d, 0.01)
     assert table_lines(out)["val/acc", NOISY].endswith(f"  undecided (needs ~{k} seeds)")
+    # Tags and run fields too: the loss, the dataset tag, the status.
+    where = ["--where", "loss=FocalLoss", "--where", "dataset=DigitsDataModule"]
+    code, out, err = compare(store, tmp_path, capsys, *where, "--where", "status=FINISHED")
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "comparison.csv").open(encoding="utf-8")))
+    assert sorted(row["run_id"] for row in rows) == sorted(store["ids"][FOCAL, s] for s in SEEDS)
     # A filter that no run passes: exit 1, naming the filter.
     code, out, err = compare(store, tmp_path, capsys, "--where", "gamma=3")
     assert code == 1
