@@ -80,7 +80,8 @@ class GroupComparison:
         margins: the equivalence margin of each metric compared.
         groups: each group's label with its seeds, in order.
         rows: one per metric and group, metric by metric.
-        notes: runs left out, seeds run twice, metrics that could not be paired.
+        notes: runs left out (without the param, or not comparable with the baseline), seeds run
+            twice, seeds dropped to pair.
         runs: the number of runs compared.
     """
 
