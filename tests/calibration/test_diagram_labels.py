@@ -109,6 +109,7 @@ def test_a_fit_s_diagrams_name_the_run_and_the_loss(tmp_path, monkeypatch):
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
+        limit_train_batches=2,
         logger=logger,
         enable_progress_bar=False,
         enable_model_summary=False,
