@@ -65,6 +65,10 @@ _NOT_FINITE = re.compile(
 )
 
 
+#: How the message names an input the loss found non-finite (others by their argument name).
+_INPUT_WORDS = {"hidden": "hidden states"}
+
+
 class Divergence(FloatingPointError):
     """A fit whose training loss (or logits) became NaN or infinite; the message is one line."""
 
@@ -297,8 +301,9 @@ def failure_cause(
         if found is not None and getattr(trainer.state, "fn", None) == "fit":
             stage = "training" if trainer.training else "validation"
             fix = divergence_fix(_precision(trainer), lr_option, _learning_rate(trainer))
+            what = _INPUT_WORDS.get(found["name"], found["name"])
             return (
-                f"the {stage} {found['name']} became {found['value']} at step "
+                f"the {stage} {what} became {found['value']} at step "
                 f"{trainer.global_step}, epoch {trainer.current_epoch} ({found['where']}): the "
                 f"fit diverged; {fix}"
             )

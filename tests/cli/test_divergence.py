@@ -167,6 +167,48 @@ def test_a_losss_check_of_finite_logits_is_a_divergence_while_fitting(tmp_path):
     )
     other = L.Trainer(logger=False)  # not fitting: not a divergence
     assert failure_cause(found.value, other) is None
+    with pytest.raises(ValueError, match="must be finite") as hidden:  # a linear head's input
+        check_finite("hidden", torch.tensor([[float("nan")]]))
+    with pytest.raises(ValueError, match=r"^hidden must be finite"):
+        fit(_Raises(hidden.value), tmp_path, check)
+    assert check.failure.startswith("the training hidden states became nan at step 0, epoch 0")
+
+
+def test_off_the_cpu_the_check_is_read_back_every_log_every_n_steps():
+    trainer = L.Trainer(logger=False, log_every_n_steps=7)
+    on_device = torch.zeros((), device="meta")  # not the CPU: no value can be read back
+    assert DivergenceCheck()._every(trainer, on_device) == 7
+    assert DivergenceCheck()._every(trainer, torch.zeros(())) == 1
+    assert DivergenceCheck(every_n_steps=3)._every(trainer, torch.zeros(())) == 3
+
+
+def test_a_resumed_run_loses_the_failure_tag_of_its_earlier_attempt(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = TrackingLogger(tracking_uri=uri, save_dir=str(tmp_path / "runs"))
+    first.log_metrics({"x": 1.0}, step=0)
+    first.record_failure("the training loss became nan at step 3, epoch 0: ...")
+    first.finalize("failed")
+    client = MlflowClient(uri)
+    assert client.get_run(first.run_id).data.tags[FAILURE_TAG].startswith("the training loss")
+    resumed = TrackingLogger(
+        tracking_uri=uri, save_dir=str(tmp_path / "runs"), run_id=first.run_id, resume_step=3
+    )
+    assert resumed.experiment is not None  # the run continues (as when a fit starts)
+    resumed.log_metrics({"x": 2.0}, step=4)  # the resume is recorded at its first metric
+    resumed.flush_metrics()
+    run = client.get_run(first.run_id)
+    assert run.info.status == "RUNNING"
+    assert FAILURE_TAG not in run.data.tags
+
+
+def test_the_language_models_command_gets_the_check_and_names_itself(tmp_path):
+    from lightning_losses.lm.cli import main as lm_main
+
+    with contextlib.chdir(tmp_path):
+        cli = lm_main(["--trainer.logger=false"], run=False)
+    assert isinstance(cli.trainer.callbacks[0], DivergenceCheck)
+    assert cli.trainer.callbacks[0].lr_option == "model.init_args.optimizer.init_args.lr"
+    assert cli.error_prog == "lightning-losses lm"
 
 
 def test_the_fix_names_the_precision_to_change():
