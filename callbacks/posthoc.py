@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -41,6 +41,20 @@ from lightning_losses.callbacks.outputs import (
     calibration_inputs,
     describe_output,
 )
+from lightning_losses.callbacks.posthoc_parts import (
+    CALIBRATED,
+    DEFAULT_METHODS,
+    PREFIX,
+    QUANTITIES,
+    Bins,
+    calibrator_template,
+    method_kwargs,
+    method_names,
+    quiet_fits,
+    set_tags,
+    split_scores,
+    unscored_reason,
+)
 from lightning_losses.functional.checks import check_flag, check_ignore_index, check_int
 from lightning_losses.lightning.classifier import (
     calibrated_probabilities,
@@ -50,136 +64,10 @@ from lightning_losses.lightning.classifier import (
 from lightning_losses.warning import LightningLossesWarning
 
 if TYPE_CHECKING:
-    from lightning_losses.calibration.functional import Task
     from lightning_losses.calibration.posthoc.base import PostHocCalibrator
     from lightning_losses.calibration.posthoc.select import Selection
 
 __all__ = ["DEFAULT_METHODS", "PostHocCalibration"]
-
-#: The methods tried when none are named: one to four parameters per class, and isotonic.
-DEFAULT_METHODS = ("temperature", "vector", "ensemble_temperature", "isotonic")
-#: The quantities logged before and after calibration, per stage.
-QUANTITIES = ("nll", "ece", "smooth_ece")
-#: Calibrated metrics are ``<stage>/posthoc_<quantity>``: ``val/posthoc_nll``, ``test/posthoc_ece``.
-CALIBRATED = "posthoc_"
-#: Metrics and tags that are not per split: ``posthoc/cv_nll_<method>``,
-#: ``posthoc/fallback_<method>``, the tags ``posthoc/method`` and ``posthoc/fallbacks``.
-PREFIX = "posthoc/"
-#: What a stage's first batch holds: class labels, 0/1 binary targets, multi-label targets, or
-#: soft labels (``TemperatureScalingCallback(soft_labels=True)``).
-KINDS = ("multiclass", "binary", "multilabel", "soft")
-#: The bin sums (count, conf_sum, correct_sum) of a reliability diagram.
-Bins = tuple[Tensor, Tensor, Tensor]
-
-
-def _method_names(methods: Sequence[str] | str, owner: str) -> tuple[str, ...]:
-    """The registry names ``methods`` stands for (``"all"``: every one).
-
-    Raises:
-        ValueError: no method, an unknown one or one named twice; the message lists the known.
-    """
-    from lightning_losses.calibration.posthoc import CALIBRATION_METHODS
-
-    known = ", ".join(repr(m) for m in CALIBRATION_METHODS)
-    if methods == "all":
-        return tuple(CALIBRATION_METHODS)
-    names = [methods] if isinstance(methods, str) else list(methods)
-    unknown = [m for m in names if not isinstance(m, str) or m not in CALIBRATION_METHODS]
-    if not names or unknown or len(set(names)) != len(names):
-        problem = "no method" if not names else f"unknown {unknown}" if unknown else "repeats"
-        raise ValueError(
-            f"{owner}(methods={methods!r}): {problem}; give distinct methods among {known}, or "
-            "'all' (every method that applies to the task)"
-        )
-    return tuple(names)
-
-
-def _method_args(
-    method_args: Mapping[str, Mapping[str, Any]] | None, methods: tuple[str, ...], owner: str
-) -> dict[str, dict[str, Any]]:
-    """``method_args`` as plain dicts, each for a method of ``methods``.
-
-    Raises:
-        TypeError: not a mapping of mappings.
-        ValueError: hyper-parameters of a method that is not tried.
-    """
-    if method_args is None:
-        return {}
-    where = f"{owner}(method_args={method_args!r})"
-    if not isinstance(method_args, Mapping) or not all(
-        isinstance(v, Mapping) for v in method_args.values()
-    ):
-        raise TypeError(
-            f"{where}: give a mapping from method name to its keyword arguments, e.g. "
-            "{'vector': {'max_iter': 50}}"
-        )
-    extra = sorted(set(method_args) - set(methods))
-    if extra:
-        raise ValueError(f"{where}: {extra} are not among methods={list(methods)}")
-    return {method: dict(kwargs) for method, kwargs in method_args.items()}
-
-
-def _template(method: str, kwargs: Mapping[str, Any], owner: str) -> PostHocCalibrator:
-    """An unfitted calibrator of ``method`` built with ``kwargs``; errors name the argument."""
-    from lightning_losses.calibration.posthoc import get_calibrator
-
-    try:
-        return get_calibrator(method, **kwargs)
-    except (TypeError, ValueError) as error:
-        raise type(error)(
-            f"{owner}(method_args={{{method!r}: {dict(kwargs)!r}}}): {error}"
-        ) from error
-
-
-def _scores(log_probs: Tensor, target: Tensor, *, binary: bool, n_bins: int) -> tuple[dict, Bins]:
-    """NLL, ECE (equal-width bins) and smooth ECE of float64 log-probabilities ``[N, C]``.
-
-    Binary tasks (``binary``) score the positive class's probability, as
-    :class:`~lightning_losses.callbacks.CalibrationMonitor` does for ``[N]`` logits.
-    """
-    from lightning_losses.calibration import functional as CF
-    from lightning_losses.calibration.smooth import smooth_calibration_error
-
-    nll = CF.negative_log_likelihood(
-        log_probs, target, input_format="logits", task="multiclass", validate_args=False
-    )
-    probs = log_probs.exp()
-    preds = probs[:, 1].contiguous() if binary else probs
-    task: Task = "binary" if binary else "multiclass"
-    confidence, correct = CF.confidence_and_correct(
-        preds, target, input_format="probs", task=task, validate_args=False
-    )
-    bins = CF.binned_statistics(confidence, correct, n_bins)
-    smooth = cast(
-        Tensor,
-        smooth_calibration_error(
-            preds, target, input_format="probs", task=task, validate_args=False
-        ),
-    )
-    values = {
-        "nll": float(nll),
-        "ece": float(CF.calibration_error_from_bins(*bins, "l1")),
-        "smooth_ece": float(smooth),
-    }
-    return values, bins
-
-
-def _set_tags(trainer: pl.Trainer, tags: Mapping[str, str]) -> None:
-    """Set run tags on every logger that keeps them (the MLflow loggers); rank 0 only."""
-    if not trainer.is_global_zero:
-        return
-    for logger in trainer.loggers:
-        set_tags = getattr(logger, "set_tags", None)  # TrackingLogger (spools on failure)
-        if callable(set_tags):
-            set_tags(dict(tags))
-            continue
-        run_id = getattr(logger, "run_id", None)
-        if run_id is None:  # not MLflow's: no tags
-            continue
-        set_tag = getattr(getattr(logger, "experiment", None), "set_tag", None)  # MLFlowLogger
-        if callable(set_tag):
-            for key, value in tags.items():
-                set_tag(run_id, key, value)
 
 
 class PostHocCalibration(Callback):
@@ -204,10 +92,16 @@ class PostHocCalibration(Callback):
     :class:`~lightning_losses.callbacks.CalibrationMonitor` uses (``val/nll``, ``val/ece``,
     ``val/smooth_ece``) unless the module or another callback logs that name itself;
     ``posthoc/cv_nll_<method>`` (each candidate's cross-validated NLL, ``none`` for the
-    identity; infinite scores are left out); ``posthoc/fit_seconds`` (the time the choice and
-    the fit took, the slowest process's); and ``posthoc/fallback_<method>`` = 1 for a method
-    that cannot help on these samples (fewer samples than it needs, a single class; it then
-    scores as the identity), which is also warned once per fit. MLflow runs get the tags
+    identity; a method that cannot be scored, its NLL infinite or NaN, is never chosen, warns
+    once per fit saying which and why, and is logged as NaN in each epoch where it cannot
+    be scored, so the latest value of every method is its score at the latest fit);
+    ``posthoc/fit_seconds`` (the time the choice and the fit took, the slowest process's); and
+    ``posthoc/fallback_<method>`` = 1 for a method that cannot help on these samples (fewer
+    samples than it needs, a single class; it then scores as the identity), which is also
+    warned once per fit. When the chosen map ran to a bound of its fit (a temperature driven to
+    0 or above 1e3, see
+    :meth:`~lightning_losses.calibration.posthoc.base.PostHocCalibrator.bound_reason`), that is
+    warned once per fit too, saying what the map then does. MLflow runs get the tags
     ``posthoc/method`` (the method chosen, ``none`` for the identity) and ``posthoc/fallbacks``.
     With ``log_diagrams`` the reliability diagrams of the last fit, raw and calibrated, are saved
     when training ends as ``<log_dir>/calibration/posthoc_val_raw_epoch=<E>.png`` and
@@ -276,15 +170,17 @@ class PostHocCalibration(Callback):
         self._read = OutputAdapter(outputs, owner=name)
         self.outputs = outputs
         self.all_methods = methods == "all"
-        self.methods = _method_names(methods, name)
+        self.methods = method_names(methods, name)
         self.folds = check_int("folds", folds, low=2)
         CF.check_n_bins(n_bins)
         if ignore_index is not None:
             check_ignore_index(ignore_index)
         check_flag("log_diagrams", log_diagrams)
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1)
-        self.method_args = _method_args(method_args, self.methods, name)
-        self._templates = {m: _template(m, self.method_args.get(m, {}), name) for m in self.methods}
+        self.method_args = method_kwargs(method_args, self.methods, name)
+        self._templates = {
+            m: calibrator_template(m, self.method_args.get(m, {}), name) for m in self.methods
+        }
         self.n_bins = n_bins
         self.ignore_index = ignore_index
         self.log_diagrams = log_diagrams
@@ -534,7 +430,13 @@ class PostHocCalibration(Callback):
             fallbacks = {c.method: reason for c in candidates}
             selection = Selection("none", IdentityCalibrator().fit(z, y), {}, self.folds)
         else:
-            selection = select_calibrator(candidates, z, y, folds=self.folds)
+            with quiet_fits():  # fallbacks are warned below, a bound in _report_fit
+                selection = select_calibrator(candidates, z, y, folds=self.folds)
+        self._warn_fallbacks(fallbacks)
+        return dataclasses.replace(selection, fallbacks={**fallbacks, **selection.fallbacks})
+
+    def _warn_fallbacks(self, fallbacks: Mapping[str, str]) -> None:
+        """Warn once per fit about each method that falls back to the identity, and why."""
         for method, reason in fallbacks.items():
             if method not in self._warned:
                 self._warned.add(method)
@@ -543,7 +445,6 @@ class PostHocCalibration(Callback):
                     f"back to the identity: {reason}",
                     category=LightningLossesWarning,
                 )
-        return dataclasses.replace(selection, fallbacks={**fallbacks, **selection.fallbacks})
 
     def _evaluate(
         self, calibrator: PostHocCalibrator, logits: Tensor, target: Tensor
@@ -556,8 +457,8 @@ class PostHocCalibration(Callback):
             raw = torch.log_softmax(z, dim=1)
             calibrated = calibrator(z).to(torch.float64)
         binary = logits.dim() == 1
-        before, bins_before = _scores(raw, y, binary=binary, n_bins=self.n_bins)
-        after, bins_after = _scores(calibrated, y, binary=binary, n_bins=self.n_bins)
+        before, bins_before = split_scores(raw, y, binary=binary, n_bins=self.n_bins)
+        after, bins_after = split_scores(calibrated, y, binary=binary, n_bins=self.n_bins)
         return before, after, bins_before, bins_after
 
     def _fit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -582,7 +483,30 @@ class PostHocCalibration(Callback):
         self.fitted_at = {"epoch": trainer.current_epoch, "global_step": trainer.global_step}
         self._restored, self._fitted_by = False, trainer
         self.fit_seconds = time.perf_counter() - started
+        self._report_fit(trainer.current_epoch)
         self._after_fit(trainer, pl_module, logits, target)
+
+    def _report_fit(self, epoch: int) -> None:
+        """Warn, once per method and fit, about a method that cannot be scored or a bound."""
+        assert self.selection is not None
+        for method, score in self.selection.scores.items():
+            reason = unscored_reason(score)
+            if reason and f"unscored {method}" not in self._warned:
+                self._warned.add(f"unscored {method}")
+                rank_zero_warn(
+                    f"{self.name}: {method} cannot be scored at epoch {epoch}: {reason}. It is "
+                    f"not chosen, and {PREFIX}cv_nll_{method} is logged as NaN in every epoch "
+                    "where it cannot be scored",
+                    category=LightningLossesWarning,
+                )
+        calibrator = self.selection.calibrator
+        if calibrator.bound and f"bound {calibrator.method}" not in self._warned:
+            self._warned.add(f"bound {calibrator.method}")
+            rank_zero_warn(
+                f"{self.name}: the chosen {calibrator.name} ({calibrator.method}) ran to a bound "
+                f"of its fit at epoch {epoch}: {calibrator.bound}",
+                category=LightningLossesWarning,
+            )
 
     def _after_fit(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, logits: Tensor, target: Tensor
@@ -597,14 +521,17 @@ class PostHocCalibration(Callback):
             **{f"{q}_before": before[q] for q in QUANTITIES},
             **{f"{q}_after": after[q] for q in QUANTITIES},
         }
+        # A score that is not finite is logged as NaN (MLflow keeps NaN; it would store inf as
+        # the largest float), never left out: the latest value is always this fit's.
         metrics = {
-            f"{PREFIX}cv_nll_{m}": s for m, s in selection.scores.items() if math.isfinite(s)
+            f"{PREFIX}cv_nll_{m}": s if math.isfinite(s) else math.nan
+            for m, s in selection.scores.items()
         }
         metrics.update({f"{PREFIX}fallback_{m}": 1.0 for m in selection.fallbacks})
         metrics[f"{PREFIX}fit_seconds"] = self.fit_seconds
         self._log_split(trainer, pl_module, "val", before, after, metrics)
         fallbacks = "; ".join(f"{m}: {r}" for m, r in sorted(selection.fallbacks.items()))
-        _set_tags(
+        set_tags(
             trainer,
             {f"{PREFIX}method": selection.method, f"{PREFIX}fallbacks": fallbacks or "none"},
         )

@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lightning_losses.callbacks.outputs import OutputsSpec
 from lightning_losses.callbacks.posthoc import PostHocCalibration
+from lightning_losses.callbacks.posthoc_parts import quiet_fits
 from lightning_losses.functional.checks import check_flag, check_ignore_index
 
 if TYPE_CHECKING:
@@ -122,8 +123,10 @@ class TemperatureScalingCallback(PostHocCalibration):
         from lightning_losses.calibration.posthoc.select import Selection
 
         scaler = copy.deepcopy(self._templates["temperature"])
-        scaler.fit(logits, target, ignore_index=self.ignore_index)
+        with quiet_fits():  # a fallback or a bound is warned once per fit by the callback
+            scaler.fit(logits, target, ignore_index=self.ignore_index)
         fallbacks = {"temperature": scaler.fallback} if scaler.fallback else {}
+        self._warn_fallbacks(fallbacks)
         return Selection("temperature", scaler, {}, 0, fallbacks)
 
     def _after_fit(

@@ -74,7 +74,10 @@ def test_temperature_scaling_callback_with_ignore_index(tmp_path):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(48, 5, 6, generator=gen)
-    target = torch.randint(0, 4, (48, 5), generator=gen)
+    # labels the inputs predict, with noise (labels the logits do not predict would drive the
+    # temperature to infinity, with a warning)
+    teacher = torch.randn(6, 4, generator=gen)
+    target = (x @ teacher + 2.0 * torch.randn(48, 5, 4, generator=gen)).argmax(dim=-1)
     target[:, 3:][torch.rand(48, 2, generator=gen) < 0.5] = IGNORE
     loader = DataLoader(TensorDataset(x, target), batch_size=16)
     module = PaddedClassifier()

@@ -13,6 +13,7 @@ the package's smooth ECE to about 1e-4 (its grid).
 from __future__ import annotations
 
 import math
+import re
 
 import lightning as L
 import numpy as np
@@ -43,6 +44,14 @@ OTHER_CALLBACKS = pytest.mark.filterwarnings(
 METHODS = ("temperature", "isotonic")
 FOLDS = 4
 CLASSES = 4
+#: PostHocCalibration's warning about a method whose cross-validated NLL is not finite.
+UNSCORED = r"PostHocCalibration: (\w+) cannot be scored at epoch \d+: its cross-validated NLL is"
+
+
+def unscored_method(message: str) -> str | None:
+    """The method an UNSCORED warning names (``None`` for another message)."""
+    match = re.match(UNSCORED, message)
+    return None if match is None else match.group(1)
 
 
 class Plain(L.LightningModule):
@@ -163,9 +172,14 @@ def test_the_fit_equals_select_calibrator_and_the_plain_metrics(tmp_path):
     module = Plain()
     callback = PostHocCalibration(methods=METHODS, folds=FOLDS, log_diagrams=False)
     fit = trainer(tmp_path, [callback], logger=CSVLogger(tmp_path, name="run"))
-    fit.fit(module, loader(TRAIN), loader(VAL))
+    with pytest.warns(LightningLossesWarning, match=UNSCORED) as caught:
+        fit.fit(module, loader(TRAIN), loader(VAL))
     z, y = logits_of(module, VAL)
     want = by_hand(z, y)
+    # the methods warned about are those whose score is not finite, here isotonic's (inf)
+    unscored = {m for m, score in want.scores.items() if not math.isfinite(score)}
+    assert unscored == {"isotonic"}
+    assert {m for w in caught if (m := unscored_method(str(w.message)))} == unscored
     assert callback.method == want.method
     assert callback.selection.scores == pytest.approx(want.scores, abs=1e-9)
     assert set(want.scores) == {"none", *METHODS}
@@ -183,8 +197,11 @@ def test_the_fit_equals_select_calibrator_and_the_plain_metrics(tmp_path):
         assert float(metrics[f"val/posthoc_{q}"]) == pytest.approx(after[q], rel=1e-6, abs=tol)
         assert float(metrics[f"val/{q}"]) == pytest.approx(before[q], rel=1e-6, abs=tol)
     for method, score in want.scores.items():
+        logged = float(metrics[f"posthoc/cv_nll_{method}"])
         if math.isfinite(score):
-            assert float(metrics[f"posthoc/cv_nll_{method}"]) == pytest.approx(score, rel=1e-6)
+            assert logged == pytest.approx(score, rel=1e-6)
+        else:
+            assert math.isnan(logged), (method, logged)  # this fit's: it cannot be scored
     logged = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0]
     assert "val/posthoc_nll" in logged.split(",")
 
@@ -203,7 +220,8 @@ def three_epochs(tmp_path_factory):
     callback = PostHocCalibration(methods=METHODS, folds=FOLDS, every_n_epochs=2)
     saves = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, filename="{epoch}")
     fit = trainer(root, [callback, saves], epochs=3, logger=CSVLogger(root, name="run"))
-    fit.fit(module, loader(TRAIN), loader(VAL))
+    with package_warns(UNSCORED):  # isotonic, as in the test above
+        fit.fit(module, loader(TRAIN), loader(VAL))
     return root, module, callback
 
 
@@ -568,7 +586,8 @@ def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch):
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
     ]
-    cli = main(["fit", "--config", "digits_ce_posthoc", *quick])
+    with package_warns(UNSCORED):  # isotonic, on these 2 batches of validation digits
+        cli = main(["fit", "--config", "digits_ce_posthoc", *quick])
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, PostHocCalibration)]
     assert callback.methods == ("temperature", "vector", "ensemble_temperature", "isotonic")
     assert callback.fitted_at == {"epoch": 1, "global_step": 4}
@@ -580,6 +599,20 @@ def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch):
     metrics = run.data.metrics
     assert metrics["val/posthoc_nll"] == pytest.approx(callback.report["nll_after"], rel=1e-6)
     assert run.data.tags["posthoc/method"] == callback.method
+    # Each method's latest value in the store is its score at the last fit: NaN where it
+    # cannot be scored (MLflow keeps NaN as NaN), never an earlier epoch's value.
+    scores = callback.selection.scores
+    assert {k for k in metrics if k.startswith("posthoc/cv_nll_")} == {
+        f"posthoc/cv_nll_{m}" for m in scores
+    }
+    for method, score in scores.items():
+        history = client.get_metric_history(run.info.run_id, f"posthoc/cv_nll_{method}")
+        assert len(history) == 2, (method, history)  # one value per epoch
+        latest = metrics[f"posthoc/cv_nll_{method}"]
+        if math.isfinite(score):
+            assert latest == pytest.approx(score, rel=1e-6), method
+        else:
+            assert math.isnan(latest), (method, latest)
     # val/nll is the module's and val/ece the monitor's: each logged once per epoch
     for key in ("val/nll", "val/ece"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]

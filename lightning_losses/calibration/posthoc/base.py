@@ -21,7 +21,10 @@ fitted calibrator into a fresh one built with the same hyper-parameters.
 A method that cannot help on the data it is given (fewer samples than parameters, a single
 class in the labels) does not fail silently: ``fit`` warns with a
 :class:`~lightning_losses.warning.LightningLossesWarning` naming the method and the reason,
-stays the identity, and keeps the reason in :attr:`PostHocCalibrator.fallback`.
+stays the identity, and keeps the reason in :attr:`PostHocCalibrator.fallback`. A fit whose
+map runs to a bound (a temperature driven to 0 by validation labels that the logits separate,
+or to infinity by labels they do not predict) warns likewise, saying what the map then does,
+and keeps the reason in :attr:`PostHocCalibrator.bound`; the fitted map is kept.
 
 Binary tasks: one logit per sample ``[N]`` is read as the two-class logits ``[0, z]`` (whose
 softmax is ``(1 - sigmoid(z), sigmoid(z))``), so ``forward`` returns ``[N, 2]``.
@@ -183,6 +186,9 @@ class PostHocCalibrator(nn.Module, abc.ABC):
         super().__init__()
         self.params: dict[str, Tensor] = {}
         self.fallback: str = ""
+        #: Why the last fit's map ran to a bound of its fit ("" if it did not; see
+        #: :meth:`bound_reason`). Not saved in the ``state_dict``.
+        self.bound: str = ""
 
     @property
     def fitted(self) -> bool:
@@ -212,6 +218,25 @@ class PostHocCalibrator(nn.Module, abc.ABC):
     def _log_probs(self, logits: Tensor) -> Tensor:
         """Float64 log-probabilities ``[N, C]`` of float64 logits, with :attr:`params`."""
 
+    def bound_reason(self, logits: Tensor, target: Tensor) -> str:
+        """Why the fitted map ran to a bound of its fit, and what it then does ("" if it did not).
+
+        Called by :meth:`fit` with the float64 logits ``[N, C]`` and labels it fitted on, after
+        :attr:`params` are set. The methods that fit a scale of the logits (temperature, vector,
+        matrix, Dirichlet, ensemble temperature) override it; the others have no bound.
+        """
+        return ""
+
+    def note_bound(self, logits: Tensor, target: Tensor, *, stacklevel: int) -> None:
+        """Set :attr:`bound` from :meth:`bound_reason` and warn when there is one."""
+        self.bound = self.bound_reason(logits, target)
+        if self.bound:
+            warnings.warn(
+                f"{self.name} ({self.method}): {self.bound}",
+                LightningLossesWarning,
+                stacklevel=stacklevel + 1,
+            )
+
     def cannot_help(self, logits: Tensor, target: Tensor) -> str:
         """Why a fit on these inputs cannot help ("" if it can): too few samples, one class."""
         n, num_classes = logits.shape
@@ -226,12 +251,13 @@ class PostHocCalibrator(nn.Module, abc.ABC):
         """Fit on held-out ``logits`` ``[N, C]`` (or ``[N]`` binary) and labels ``[N]``.
 
         Returns:
-            The calibrator itself, fitted (or the identity, with a warning, if it cannot help).
+            The calibrator itself, fitted (or the identity, with a warning, if it cannot help;
+            fitted, with a warning, if its map ran to a bound: :meth:`bound_reason`).
         """
         z, y = check_fit_inputs(logits, target, owner=self.name, ignore_index=ignore_index)
         self.check_classes(z.shape[1])
         reason = self.cannot_help(z, y)
-        self.params, self.fallback = {}, ""
+        self.params, self.fallback, self.bound = {}, "", ""
         if reason:
             self.fallback = reason
             warnings.warn(
@@ -244,6 +270,7 @@ class PostHocCalibrator(nn.Module, abc.ABC):
             params = self._fit(z, y)
         params["num_classes"] = torch.tensor(z.shape[1])
         self.params = {key: value.detach().to(torch.float64).cpu() for key, value in params.items()}
+        self.note_bound(z, y, stacklevel=2)
         return self
 
     def forward(self, logits: Tensor) -> Tensor:

@@ -37,7 +37,14 @@ import torch
 from torch import Tensor
 
 from lightning_losses.calibration.posthoc.base import PostHocCalibrator
-from lightning_losses.calibration.posthoc.temperature import fit_temperature
+from lightning_losses.calibration.posthoc.temperature import (
+    SEPARATED,
+    TEMPERATURE_RANGE,
+    TOO_EASY,
+    fit_temperature,
+    separated,
+    why_uniform,
+)
 from lightning_losses.functional.checks import check_int
 
 __all__ = ["EnsembleTemperatureScaling", "simplex_mixture_weights"]
@@ -205,6 +212,36 @@ class EnsembleTemperatureScaling(PostHocCalibrator):
         )
         weights = simplex_mixture_weights(likelihoods.detach())
         return {"temperature": torch.tensor(temperature, dtype=torch.float64), "weights": weights}
+
+    def bound_reason(self, logits: Tensor, target: Tensor) -> str:
+        """Why the temperature of the first component ran to a bound ("" if it did not).
+
+        Labels the logits separate drive ``T`` to 0 (the first component is then one-hot);
+        a ``T`` above ``TEMPERATURE_RANGE[1]`` makes the first component uniform, like the
+        third, so the map is ``w2 softmax(z) + (1 - w2) / C``; below ``TEMPERATURE_RANGE[0]``
+        the first component is nearly one-hot.
+        """
+        low, high = TEMPERATURE_RANGE
+        temperature = float(self.params["temperature"])
+        w1, w2, _ = (float(w) for w in self.params["weights"])
+        where = f"the temperature of its first component, T={temperature:.3g},"
+        if separated(logits, target):
+            return (
+                f"{where} runs to 0: {SEPARATED.format(what='T shrinks')}; that component is "
+                f"(nearly) one-hot and weighs w1 = {w1:.3g}. {TOO_EASY}"
+            )
+        if temperature > high:
+            return (
+                f"{where} is above {high:g}: {why_uniform(logits, target)}; that component is "
+                "uniform, like the third, "
+                f"so the calibrated probabilities are {w2:.3g} softmax(z) + {1.0 - w2:.3g} / C"
+            )
+        if temperature < low:
+            return (
+                f"{where} is below {low:g}: the logits nearly separate the validation labels; "
+                f"that component is (nearly) one-hot and weighs w1 = {w1:.3g}"
+            )
+        return ""
 
     def _log_probs(self, logits: Tensor) -> Tensor:
         temperature = self.param("temperature", logits)

@@ -61,7 +61,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.calibration.posthoc.base import PostHocCalibrator
-from lightning_losses.calibration.posthoc.temperature import fit_temperature
+from lightning_losses.calibration.posthoc.temperature import (
+    SEPARATED,
+    TEMPERATURE_RANGE,
+    TOO_EASY,
+    fit_temperature,
+    separated,
+)
 from lightning_losses.functional.checks import check_int, check_real
 
 __all__ = ["DirichletCalibration", "MatrixScaling", "VectorScaling", "minimise_lbfgs"]
@@ -191,6 +197,38 @@ class _AffineCalibrator(PostHocCalibrator, abc.ABC):
     def _log_probs(self, logits: Tensor) -> Tensor:
         x = self.features(logits)
         return torch.log_softmax(self.affine(x, self.param("weight", x), self.param("bias", x)), 1)
+
+    def bound_reason(self, logits: Tensor, target: Tensor) -> str:
+        """Why the fitted map ran to a bound ("" if it did not): the analogue of a temperature.
+
+        The map's largest weight ``max |W|`` plays ``1 / T`` (the fit starts from ``W = I / T``):
+        labels the logits separate
+        (:func:`~lightning_losses.calibration.posthoc.temperature.separated`) let the NLL fall
+        without a minimum as ``W = I / T`` grows; a largest weight above
+        ``1 / TEMPERATURE_RANGE[0]`` makes the probabilities (nearly) 0 or 1; all weights below
+        ``1 / TEMPERATURE_RANGE[1]`` make the map ignore the logits.
+        """
+        low, high = TEMPERATURE_RANGE
+        largest = float(self.params["weight"].abs().max())
+        where = f"the map's largest weight |W| = {largest:.3g} (1/T of temperature scaling)"
+        if separated(logits, target):
+            return (
+                f"{SEPARATED.format(what='the weights grow')}; the fit stopped where its steps "
+                f"vanish, at {where}, and the calibrated probabilities are (nearly) 0 or 1. "
+                f"{TOO_EASY}"
+            )
+        if largest > 1.0 / low:
+            return (
+                f"{where} is above {1.0 / low:g}: the map nearly separates the validation "
+                "labels; the calibrated probabilities are (nearly) 0 or 1"
+            )
+        if largest < 1.0 / high:
+            return (
+                f"{where} is below {1.0 / high:g}: the map ignores the logits (the validation "
+                "labels carry no information the logits predict) and gives every sample the "
+                "same probabilities, softmax(b)"
+            )
+        return ""
 
 
 class VectorScaling(_AffineCalibrator):

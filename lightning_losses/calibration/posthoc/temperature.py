@@ -40,7 +40,22 @@ from lightning_losses.calibration.posthoc.base import (
 )
 from lightning_losses.functional.checks import check_ignore_index, check_int, check_sums_to_one
 
-__all__ = ["TemperatureScaler", "fit_temperature"]
+__all__ = [
+    "SEPARATED",
+    "TEMPERATURE_RANGE",
+    "TOO_EASY",
+    "TemperatureScaler",
+    "fit_temperature",
+    "label_advantage",
+    "separated",
+    "temperature_bound",
+    "why_uniform",
+]
+
+#: The temperatures a fit is taken to have run to a bound outside of: below, the calibrated
+#: probabilities are (nearly) 0 or 1; above, (nearly) uniform. Their reciprocals bound the
+#: weights of the affine maps (vector, matrix, Dirichlet) likewise.
+TEMPERATURE_RANGE = (1e-3, 1e3)
 
 _Scaler = TypeVar("_Scaler", bound="TemperatureScaler")
 
@@ -215,6 +230,123 @@ def _minimise_temperature(z: Tensor, y: Tensor, max_iter: int) -> float:
     return temperature
 
 
+def _label_rows(z: Tensor, y: Tensor) -> Tensor:
+    """Soft labels ``[N, C]`` of integer labels ``[N]`` (float64 one-hot), soft ones as given."""
+    if y.ndim == 2:
+        return y.to(z.dtype)
+    return F.one_hot(y.long(), z.shape[1]).to(z.dtype)
+
+
+def separated(logits: Tensor, target: Tensor) -> bool:
+    """Whether every row's label is the strict arg-max of its logits.
+
+    Then ``softmax(z / T)`` puts more probability on every label as ``T`` shrinks, and so does
+    every affine map that contains ``W = I / T``: the NLL has no minimum (its infimum, 0, is
+    approached as ``T -> 0``). Soft labels count when one-hot on the arg-max.
+
+    Args:
+        logits: float ``[N, C]``.
+        target: integer labels ``[N]`` or soft labels ``[N, C]``.
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+        >>> separated(z, torch.tensor([0, 1])), separated(z, torch.tensor([0, 0]))
+        (True, False)
+    """
+    q = _label_rows(logits, target)
+    one_hot = q.max(dim=1).values >= 1.0 - 1e-12
+    label = q.argmax(dim=1)
+    label_logit = logits.gather(1, label[:, None])[:, 0]
+    others = logits.scatter(1, label[:, None], float("-inf")).max(dim=1).values
+    return bool((one_hot & (label_logit > others)).all())
+
+
+def label_advantage(logits: Tensor, target: Tensor) -> float:
+    """``mean_i (sum_c q_ic z_ic - mean_c z_ic)``: how far the labels' logits lie above the mean.
+
+    It is minus the slope of the NLL of ``softmax(b z)`` in ``b = 1 / T`` at ``b = 0``; the NLL
+    is convex in ``b``, so when it is ``<= 0`` the NLL is least at ``b = 0``: ``T = infinity``,
+    uniform probabilities.
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+        >>> label_advantage(z, torch.tensor([0, 1])), label_advantage(z, torch.full((2, 2), 0.5))
+        (1.0, 0.0)
+    """
+    q = _label_rows(logits, target)
+    return float(((q * logits).sum(dim=1) - logits.mean(dim=1)).mean())
+
+
+#: Why labels the logits separate leave the fit without a minimum (``{what}``: what grows).
+SEPARATED = (
+    "every validation label is the arg-max of its logits, so the NLL keeps falling as {what} "
+    "and has no minimum"
+)
+#: What to do about it.
+TOO_EASY = "The held-out samples are too easy to calibrate on: fit on more, or harder, ones"
+
+
+def why_uniform(logits: Tensor, target: Tensor) -> str:
+    """Why a temperature runs above the range: the logits do not (or barely) predict the labels.
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+        >>> why_uniform(z, torch.tensor([1, 0])).split(" (")[0]
+        'the validation labels carry no information the logits predict'
+    """
+    scale = 1.0 + float(logits.abs().mean())
+    if label_advantage(logits, target) <= 1e-12 * scale:
+        return (
+            "the validation labels carry no information the logits predict (on average a "
+            "label's logit is no higher than its row's mean logit, so the NLL is least at T = "
+            "infinity)"
+        )
+    return "the logits barely predict the validation labels"
+
+
+def temperature_bound(logits: Tensor, target: Tensor, temperature: float) -> str:
+    """Why a fitted temperature ran to a bound, and what the calibrated map then does ("": none).
+
+    Three cases: the labels are :func:`separated` by the logits (``T`` runs to 0 and the fit
+    stops wherever its steps vanish, whatever ``T`` that is); ``T`` above
+    ``TEMPERATURE_RANGE[1]`` (the logits do not, or barely, predict the labels: the
+    probabilities are uniform); ``T`` below ``TEMPERATURE_RANGE[0]`` (nearly 0 or 1).
+
+    Args:
+        logits: the float64 logits ``[N, C]`` of the fit.
+        target: their integer labels ``[N]`` or soft labels ``[N, C]``.
+        temperature: the fitted ``T``.
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+        >>> temperature_bound(z, torch.tensor([0, 1]), 0.05)[:46]
+        'the fitted temperature T=0.05 runs to 0: every'
+        >>> temperature_bound(z, torch.tensor([0, 0]), 1.5)
+        ''
+    """
+    low, high = TEMPERATURE_RANGE
+    where = f"the fitted temperature T={temperature:.3g}"
+    if separated(logits, target):
+        return (
+            f"{where} runs to 0: {SEPARATED.format(what='T shrinks')} (the fit stops where its "
+            f"steps vanish); the calibrated probabilities are (nearly) 0 or 1. {TOO_EASY}"
+        )
+    if temperature > high:
+        classes = logits.shape[1]
+        spread = float((torch.softmax(logits / temperature, dim=1) - 1.0 / classes).abs().max())
+        return (
+            f"{where} is above {high:g}: {why_uniform(logits, target)}; the calibrated "
+            "probabilities are uniform "
+            f"(each within {spread:.1e} of 1/C = {1.0 / classes:.3g})"
+        )
+    if temperature < low:
+        return (
+            f"{where} is below {low:g}: the logits nearly separate the validation labels; the "
+            "calibrated probabilities are (nearly) 0 or 1"
+        )
+    return ""
+
+
 def fit_temperature(
     logits: Tensor, target: Tensor, *, max_iter: int = 100, ignore_index: int | None = None
 ) -> float:
@@ -225,7 +357,9 @@ def fit_temperature(
     softmax(z_i / T)_c`` for soft labels ``q``), found by L-BFGS with a strong-Wolfe line search
     on ``log T`` from ``T = 1``, in float64. ``T > 1`` softens an overconfident model, ``T < 1``
     sharpens an underconfident one. If the logits separate the classes perfectly the NLL keeps
-    falling as ``T -> 0`` and the returned ``T`` is merely small.
+    falling as ``T -> 0`` and the returned ``T`` is merely small; if they do not predict the
+    labels it is least as ``T -> infinity`` and the returned ``T`` is merely large. This
+    function does not warn; :meth:`TemperatureScaler.fit` does (:func:`temperature_bound`).
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
@@ -291,7 +425,10 @@ class TemperatureScaler(PostHocCalibrator):
     ``fit`` takes what :func:`fit_temperature` takes: integer labels ``[N]`` (rows equal to
     ``ignore_index`` left out), soft labels ``[N, C]``, or 0/1 targets of ``[N]`` binary
     logits. Integer labels of a single class fall back to the identity (``T = 1``) with a
-    warning, as every calibrator of the interface does.
+    warning, as every calibrator of the interface does. A fit that runs to a bound of ``T``
+    warns too (:func:`temperature_bound`: labels the logits separate drive ``T`` to 0 and the
+    probabilities to 0 or 1; a ``T`` above 1e3, from labels the logits do not predict, makes
+    them uniform) and keeps the fitted ``T``; the reason is in :attr:`bound`.
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017.
 
@@ -356,6 +493,7 @@ class TemperatureScaler(PostHocCalibrator):
                 self.params, self.fallback = {}, ""
                 self.temperature = _minimise_temperature(z, y, self.max_iter)
                 self.params = {"num_classes": torch.tensor(z.shape[1], dtype=torch.float64)}
+                self.note_bound(z, y, stacklevel=2)
                 return self
             logits, target, ignore_index = z, y.long(), None
         super().fit(logits, target, ignore_index=ignore_index)
@@ -366,6 +504,12 @@ class TemperatureScaler(PostHocCalibrator):
     def _fit(self, logits: Tensor, target: Tensor) -> dict[str, Tensor]:
         temperature = _minimise_temperature(logits, target, self.max_iter)
         return {"temperature": torch.tensor(temperature, dtype=torch.float64)}
+
+    def bound_reason(self, logits: Tensor, target: Tensor) -> str:
+        """:func:`temperature_bound` of the fitted ``T``."""
+        fitted = self.params.get("temperature")
+        temperature = self.temperature if fitted is None else float(fitted)
+        return temperature_bound(logits, target, temperature)
 
     def _log_probs(self, logits: Tensor) -> Tensor:
         return torch.log_softmax(logits / self.temperature_buffer.to(logits.device), dim=1)
