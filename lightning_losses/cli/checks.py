@@ -7,10 +7,17 @@ commonest start-up errors answer at once, in one line:
   is replaced by its file, :mod:`lightning_losses.cli.config_files`);
 - ``--model.criterion NAME`` that is not a built-in loss name;
 - an option whose group is not one of ``--trainer.``, ``--model.``, ``--data.``
-  (``--traner.max_epochs``).
+  (``--traner.max_epochs``);
+- a misspelled ``--trainer.KEY``, ``--model.KEY`` or argument of a built-in loss
+  (``--trainer.max_epoch``, ``--model.hiden``, ``--model.criterion.init_args.gama``), by the
+  names of the classes' source (:func:`spelling_problem`);
+- a built-in loss's hyper-parameter out of its range, a ``GammaAnnealing`` whose ``start`` or
+  ``end`` the loss's ``gamma`` rejects, a package callback's bounded argument out of its
+  bounds, on the command line or in its configs (:func:`value_problem`), against the bounds
+  the losses and callbacks check with (:mod:`lightning_losses.loss_ranges`).
 
-What needs the classes' signatures (``--model.hiden``, ``--trainer.max_epoch``, values out of
-range) is left to the parser, whose errors are one line too
+What these cannot tell (a class of your own, a value that is not a number, an argument far
+from every name) is left to the parser, whose errors are one line too
 (:mod:`lightning_losses.cli.parser`).
 
 Two checks of what the command line names, also without torch, serve the CLI later on:
