@@ -43,6 +43,7 @@ from lightning_losses.cli.commands import PROG
 from lightning_losses.cli.config_files import resolve_config_args
 from lightning_losses.cli.option_names import (
     classifier_arguments,
+    data_arguments,
     loss_arguments,
     misspelled,
     trainer_arguments,
@@ -322,10 +323,25 @@ def _classifier(configs: list[dict[str, Any]]) -> bool:
     )
 
 
+def _data_class(configs: list[dict[str, Any]], args: Sequence[str]) -> str | None:
+    """The class name of a DataModule of the package the command would build, if one is."""
+    path = None
+    for config in configs:
+        data = config.get("data")
+        if isinstance(data, dict) and isinstance(data.get("class_path"), str):
+            path = data["class_path"]
+    for option, value in _options(args):
+        if option in ("--data", "--data.class_path") and value is not None:
+            path = value
+    if not path or not path.startswith("lightning_losses.data."):
+        return None
+    return path.rpartition(".")[2]
+
+
 def spelling_problem(
     args: Sequence[str], configs: list[dict[str, Any]] | None = None
 ) -> str | None:
-    """A misspelled ``--trainer.KEY``, ``--model.KEY`` or criterion argument; else ``None``.
+    """A misspelled ``--trainer.KEY``, ``--model.KEY``, ``--data.KEY`` or loss argument.
 
     The names are read from the classes' source (:mod:`lightning_losses.cli.option_names`);
     only a name close to an argument (``max_epoch``) is refused, with that argument.
@@ -338,6 +354,7 @@ def spelling_problem(
     classifier = _classifier(configs)
     loss, _ = _criterion(configs, args) if classifier else (None, {})
     loss_names = loss_arguments(BUILTIN_LOSSES[loss]) if loss else None
+    data = _data_class(configs, args)
     for index, arg in enumerate(args):
         option = arg.partition("=")[0]
         given = arg if "=" in arg or index + 1 >= len(args) else f"{arg} {args[index + 1]}"
@@ -355,6 +372,10 @@ def spelling_problem(
             accepted = trainer_arguments()
         elif group == "model" and classifier:
             accepted = classifier_arguments()
+        elif group == "data" and data is not None:
+            if rest.startswith("init_args."):
+                group, rest = "data.init_args", rest.removeprefix("init_args.")
+            accepted = data_arguments(data)
         else:
             continue
         close = misspelled(rest.split(".")[0], accepted)

@@ -1,9 +1,10 @@
 """The argument names behind a command's options, read from the classes' source with ``ast``.
 
-The console script checks the spelling of ``--trainer.KEY``, ``--model.KEY`` and
-``--model.criterion.init_args.KEY`` before torch or Lightning is imported
+The console script checks the spelling of ``--trainer.KEY``, ``--model.KEY``, ``--data.KEY``
+and ``--model.criterion.init_args.KEY`` before torch or Lightning is imported
 (:func:`lightning_losses.cli.checks.check_command_line`): the names are read from the source
-files of Lightning's ``Trainer``, of ``ClassifierModule`` and of the built-in losses, which are
+files of Lightning's ``Trainer``, of ``ClassifierModule``, of the package's DataModules and of
+the built-in losses, which are
 never imported here, so the signatures stay their one home. Only a name close to one of them
 (``max_epoch`` for ``max_epochs``) is refused; anything else, and any class whose constructor
 takes ``**kwargs`` or is not found, is left to the parser.
@@ -21,6 +22,7 @@ from pathlib import Path
 __all__ = [
     "OPTION_WORDS",
     "classifier_arguments",
+    "data_arguments",
     "init_arguments",
     "loss_arguments",
     "misspelled",
@@ -100,6 +102,15 @@ def classifier_arguments() -> frozenset[str] | None:
 def loss_arguments(class_name: str) -> frozenset[str] | None:
     """The arguments of a loss class of :mod:`lightning_losses.losses`."""
     return init_arguments(Path(str(resources.files("lightning_losses") / "losses.py")), class_name)
+
+
+def data_arguments(class_name: str) -> frozenset[str] | None:
+    """The arguments of a DataModule of :mod:`lightning_losses.data` (``--data.KEY``)."""
+    folder = Path(str(resources.files("lightning_losses") / "data"))
+    for path in sorted(folder.glob("*.py")):
+        if class_name in _classes(path):
+            return init_arguments(path, class_name)
+    return None
 
 
 def misspelled(name: str, accepted: frozenset[str] | None) -> str | None:

@@ -20,11 +20,12 @@ import lightning as L
 import pytest
 from helpers.paths import CONFIGS
 
-from lightning_losses import callbacks, losses
+from lightning_losses import callbacks, data, losses
 from lightning_losses.cli.checks import UsageError, check_command_line
 from lightning_losses.cli.config_files import config_program
 from lightning_losses.cli.option_names import (
     classifier_arguments,
+    data_arguments,
     loss_arguments,
     trainer_arguments,
 )
@@ -92,6 +93,11 @@ CASES = {
     "model-key": (
         ["--model.hiden", "3"],
         "unrecognized argument --model.hiden 3; did you mean --model.hidden?",
+    ),
+    "data-key": (
+        ["--config", "mnist1d_ce", "--data.init_args.num_sample=3"],
+        "unrecognized argument --data.init_args.num_sample=3; did you mean "
+        "--data.init_args.num_samples?",
     ),
     "loss-key": (
         ["--config=digits_focal", "--model.criterion.init_args.gama=1"],
@@ -216,6 +222,9 @@ def test_the_names_read_from_the_source_are_the_signatures():
         assert loss_arguments(class_name) == set(inspect.signature(loss).parameters), class_name
     assert classifier_arguments() == set(inspect.signature(ClassifierModule).parameters)
     assert trainer_arguments() == set(inspect.signature(L.Trainer).parameters)
+    for name in ("DigitsDataModule", "RareDigitDataModule", "MNIST1DDataModule"):
+        datamodule = getattr(data, name)
+        assert data_arguments(name) == set(inspect.signature(datamodule).parameters), name
 
 
 FIT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if config_program(p) == "fit")
