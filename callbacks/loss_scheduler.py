@@ -7,9 +7,8 @@ import math
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_warn
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_losses.callbacks.criterion import DEFAULT_ATTRIBUTE, attribute_name, module_criterion
@@ -93,6 +92,22 @@ def _check_scope(name: str, values: Any, kind: type) -> list | None:
     return list(values)
 
 
+def _accumulation_scheduler(trainer: pl.Trainer) -> GradientAccumulationScheduler | None:
+    """The trainer's ``GradientAccumulationScheduler`` callback, if it has one."""
+    for callback in _trainer_callbacks(trainer):
+        if isinstance(callback, GradientAccumulationScheduler):
+            return callback
+    return None
+
+
+def _accumulation(trainer: pl.Trainer, epoch: int) -> int:
+    """The batches accumulated per optimizer step in ``epoch``."""
+    scheduler = _accumulation_scheduler(trainer)
+    if scheduler is None:
+        return trainer.accumulate_grad_batches
+    return scheduler.get_accumulate_grad_batches(epoch)
+
+
 def _known(total: float) -> bool:
     """Whether the trainer's estimate is a number of steps (not ``inf``, nor ``-1``)."""
     return math.isfinite(total) and total >= 0
@@ -135,11 +150,12 @@ class LossScheduler(Callback):
     value for the last optimizer step (the last epoch) of training. A run stopped earlier
     (``max_time``, early stopping) never reaches it.
 
-    When the trainer cannot tell the total (``max_epochs=-1`` without ``max_steps``, an
-    iterable training set without a length and without ``max_steps``, or a
-    ``GradientAccumulationScheduler`` that changes the accumulation between epochs), a schedule
-    with fraction boundaries stops before the first step with a ``ValueError`` that names
-    ``total``: pass ``total=`` (the number of optimizer steps, or of epochs), or give the
+    Under a ``GradientAccumulationScheduler`` whose accumulation changes between epochs, each
+    epoch's optimizer steps are counted with its own accumulation (Lightning's estimate takes
+    one for all epochs). When the trainer cannot tell the total (``max_epochs=-1`` without
+    ``max_steps``, or an iterable training set without a length and without ``max_steps``), a
+    schedule with fraction boundaries stops before the first step with a ``ValueError`` that
+    names ``total``: pass ``total=`` (the number of optimizer steps, or of epochs), or give the
     boundaries as ``int`` steps. A given ``total`` is used instead of the trainer's.
 
     The value is logged as ``schedule/<hyperparameter>``, per step or per epoch, unless the
@@ -293,26 +309,53 @@ class LossScheduler(Callback):
 
     def _trainer_total(self, trainer: pl.Trainer) -> tuple[float | None, str]:
         """The trainer's number of steps (or epochs), ``None`` if unknown; and its source."""
-        if self.interval == "step":
-            try:
-                steps = trainer.estimated_stepping_batches
-            except MisconfigurationException as error:  # accumulation changing by epoch
-                return None, f"trainer.estimated_stepping_batches fails: {error}"
-            source = (
-                f"trainer.estimated_stepping_batches={steps!r} (max_epochs="
-                f"{trainer.max_epochs!r}, max_steps={trainer.max_steps!r})"
-            )
-            return (steps if _known(steps) else None), source
         max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+        source = f"max_epochs={max_epochs!r}, max_steps={max_steps!r}"
+        if self.interval == "step":
+            scheduler = _accumulation_scheduler(trainer)
+            if scheduler is None or max_epochs is None or max_epochs < 0:
+                steps = trainer.estimated_stepping_batches
+                source = f"trainer.estimated_stepping_batches={steps!r} ({source})"
+                return (steps if _known(steps) else None), source
+            # Lightning's estimate takes one accumulation for every epoch: count each epoch's.
+            ends = self._epoch_starts(trainer, max(max_epochs, 1))
+            source = f"the optimizer steps of each epoch under {scheduler.scheduling}, {source}"
+            if ends is None:
+                return (max_steps if max_steps >= 0 else None), source
+            return (ends[-1] if max_steps < 0 else min(ends[-1], max_steps)), source
         epochs = max_epochs if max_epochs is not None and max_epochs >= 0 else None
-        source = f"trainer.max_epochs={max_epochs!r}, max_steps={max_steps!r}"
+        source = f"trainer.{source}"
         if max_steps is not None and max_steps >= 0:
-            per_epoch = self._steps_per_epoch(trainer)
-            if per_epoch:
-                by_steps = math.ceil(max_steps / per_epoch)
-                epochs = by_steps if epochs is None else min(epochs, by_steps)
-                source += f", {per_epoch} optimizer steps per epoch"
+            by_steps = self._epochs_of_steps(trainer, max_steps, epochs)
+            if by_steps is not None:
+                epochs = by_steps
+                source += f", the epochs that {max_steps} optimizer steps take"
         return epochs, source
+
+    def _epoch_starts(self, trainer: pl.Trainer, epochs: int) -> list[int] | None:
+        """The global step at which each epoch ``0..epochs`` starts (``None``: epochs unknown).
+
+        An epoch takes its batches (after ``limit_train_batches``) over its accumulation,
+        rounded up: Lightning steps the optimizer on an epoch's last batch too.
+        """
+        batches = trainer.num_training_batches
+        if not math.isfinite(batches):
+            return None
+        starts = [0]
+        for epoch in range(epochs):
+            starts.append(starts[-1] + math.ceil(batches / _accumulation(trainer, epoch)))
+        return starts
+
+    def _epochs_of_steps(self, trainer: pl.Trainer, steps: int, cap: int | None) -> int | None:
+        """How many epochs ``steps`` optimizer steps take (at most ``cap``); ``None``: unknown."""
+        batches = trainer.num_training_batches
+        if not math.isfinite(batches) or batches <= 0:
+            return None
+        epochs, start = 0, 0
+        while start < steps and (cap is None or epochs < cap):
+            start += math.ceil(batches / _accumulation(trainer, epochs))
+            epochs += 1
+        return epochs
 
     def _total(self, trainer: pl.Trainer) -> float | None:
         """The total the schedule is timed with: ``total=`` if given, else the trainer's."""
@@ -396,13 +439,6 @@ class LossScheduler(Callback):
         self.last_value = value
         return value
 
-    def _steps_per_epoch(self, trainer: pl.Trainer) -> int | None:
-        """Optimizer steps per epoch, or ``None`` when the epoch length is unknown."""
-        batches = trainer.num_training_batches
-        if not math.isfinite(batches):
-            return None
-        return math.ceil(batches / trainer.accumulate_grad_batches)
-
     def _targets(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, total: float | None
     ) -> list[_Target]:
@@ -416,16 +452,21 @@ class LossScheduler(Callback):
         if not switches:
             criterion = self._criterion(pl_module)
             return [_Target(criterion, 0, end, "")] if self._in_scope(criterion, None) else []
-        per_epoch = 1 if self.interval == "epoch" else self._steps_per_epoch(trainer)
         targets = []
         for switch in switches:
             for index, criterion in enumerate(switch.modules):
                 first_epoch, stop_epoch = switch.epochs(index)
                 first, last = 0, end
-                if per_epoch is not None:
-                    first = first_epoch * per_epoch
+                horizon = first_epoch if stop_epoch is None else stop_epoch
+                starts = (
+                    list(range(horizon + 1))
+                    if self.interval == "epoch"
+                    else self._epoch_starts(trainer, horizon)
+                )
+                if starts is not None:
+                    first = starts[first_epoch]
                     if stop_epoch is not None:
-                        last = min(stop_epoch * per_epoch - 1, end)
+                        last = min(starts[stop_epoch] - 1, end)
                 if not self._in_scope(criterion, index):
                     continue
                 if first == 0 or first <= end:

@@ -10,6 +10,7 @@ Every test compares the whole recorded sequence with a closed form written here:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -17,7 +18,7 @@ import pytest
 import torch
 from helpers.steps import SaveAtStep, StopAtStep
 from helpers.warned import package_warns
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
@@ -149,6 +150,25 @@ def test_step_schedule_with_gradient_accumulation_ends_at_one_at_the_last_optimi
     assert [s.gamma for s in last_window] == [1.0]  # the last step: the epoch's 7th batch alone
 
 
+def test_accumulation_changing_by_epoch_counts_each_epochs_steps():
+    # 7 batches: epoch 0 steps after each (7 steps), epochs 1 and 2 after every 2nd and the
+    # last (4 each): T = 15, where Lightning's estimate (one accumulation for all) says 21.
+    scheduler = GradientAccumulationScheduler({0: 1, 1: 2})
+    model = fit([GammaAnnealing(attribute="loss_fn"), scheduler])
+    assert [s.step for s in model.seen] == list(range(7)) + [
+        7 + 4 * epoch + b // 2 for epoch in range(2) for b in range(7)
+    ]
+    assert_sequence(model.seen, [s.step for s in model.seen], 14)
+    # An epoch schedule under max_steps=9: epoch 0 takes 7 steps, epoch 1 the other 2.
+    model = fit(
+        [GammaAnnealing(interval="epoch", attribute="loss_fn"), scheduler],
+        max_epochs=-1,
+        max_steps=9,
+    )
+    assert sorted({s.epoch for s in model.seen}) == [0, 1]
+    assert_sequence(model.seen, [s.epoch for s in model.seen], 1)
+
+
 def test_cosine_schedule_ends_at_one_at_the_last_step():
     model = fit([GammaAnnealing(shape="cosine", attribute="loss_fn")])
     expected = [(1 - math.cos(math.pi * s.step / 20)) / 2 for s in model.seen]
@@ -275,3 +295,72 @@ def test_describe_names_the_attribute():
         "LossScheduler: loss_fn.gamma = CosineSchedule(start_value=0.0, end_value=1.0, start=0, "
         "end=1.0) per step"
     )
+
+
+# --- a total the trainer cannot tell ------------------------------------------------------------
+
+
+class Endless(torch.utils.data.IterableDataset):
+    """Batches without a length: the trainer cannot count the steps of an epoch."""
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(4, generator=generator), torch.randint(0, 3, (), generator=generator)
+
+
+class EndlessPlain(Plain):
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Endless(), batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("model", "trainer", "source"),
+    [
+        pytest.param(
+            Plain,
+            {"max_epochs": -1},
+            r"trainer\.estimated_stepping_batches=inf \(max_epochs=-1, max_steps=-1\)",
+            id="max-epochs-minus-one",
+        ),
+        pytest.param(
+            EndlessPlain,
+            {"max_epochs": 2},
+            r"trainer\.estimated_stepping_batches=-1 \(max_epochs=2, max_steps=-1\)",
+            id="iterable-without-length",
+        ),
+    ],
+)
+def test_an_unknown_total_is_an_error_naming_total(model, trainer, source):
+    module = model()
+    callbacks = [GammaAnnealing(attribute="loss_fn"), *trainer.pop("callbacks", [])]
+    with pytest.raises(
+        ValueError,
+        match=r"^GammaAnnealing\(loss_fn\.gamma\): the schedule LinearSchedule\(.*\) has "
+        r"boundaries given as fractions of training, but the number of optimizer steps of this "
+        rf"run is unknown \({source}\.?\): pass total=<the number of optimizer steps> to "
+        r"GammaAnnealing, or give the boundaries as ints",
+    ):
+        fit(callbacks, model=module, **trainer)
+    assert module.seen == []
+
+
+def test_the_docs_example_of_attribute_runs():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "schedules.md").read_text()
+    block = text.split("## Your own module: `attribute=`", 1)[1].split("```python\n")[1]
+    namespace: dict[str, Any] = {}
+    exec(block.split("```", 1)[0], namespace)
+    (annealing,) = [c for c in namespace["trainer"].callbacks if isinstance(c, GammaAnnealing)]
+    assert annealing.attribute == "loss_fn"
+    model = namespace["Existing"]()
+    data = DataLoader(TensorDataset(torch.randn(12, 64), torch.randint(0, 10, (12,))), batch_size=4)
+    L.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[GammaAnnealing(attribute="loss_fn")],
+    ).fit(model, data)
+    assert model.loss_fn.gamma == 1.0  # set for the last of the 6 steps
