@@ -110,17 +110,27 @@ def test_lm_help_and_a_missing_or_unknown_subcommand(capsys):
             entry(["fitt"])
         assert stop.value.code == 2
         assert "invalid choice: 'fitt'" in capsys.readouterr().err
+    # `python -m lightning_losses.lm fit ...` reaches the same checks as `lightning-losses lm fit`.
+    with pytest.raises(SystemExit) as stop:
+        lm_console_main(["fit", "--config", "lm_cee"])
+    assert stop.value.code == 2
+    from_module = capsys.readouterr().err
+    assert console_main(["lm", "fit", "--config", "lm_cee"]) == 2
+    assert capsys.readouterr().err == from_module
 
 
 @pytest.mark.slow
 def test_lm_fit_help_names_the_command_and_the_lm_configs(capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["fit", "--help"])
+        main(["fit", "--config", "lm_tailr", "--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: lightning-losses lm fit [-h] [-c CONFIG]")
-    assert "lm_gamma_ce_annealed, lm_label_smoothing, lm_tailr." in " ".join(out.split())
+    flat = " ".join(out.split())
+    assert "lm_gamma_ce_annealed, lm_label_smoothing, lm_tailr." in flat
     assert "digits_ce" not in out
+    # The defaults shown are the config's (lm_tailr's criterion, not lm_ce's).
+    assert "{'loss': 'gamma_ce', 'gamma': 1e-07, 'threshold': 0.2," in flat
 
 
 # --- one fit through the installed script, from a folder that is not the repository --------
@@ -148,6 +158,7 @@ def test_lm_fit_is_quiet_and_ends_with_perplexity(fitted):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (done.stdout + done.stderr).splitlines()
     assert len(lines) <= 15, lines
+    assert len(lines) == 6, lines  # criterion, run, values, diagram, checkpoints, viewer
     assert done.stderr == ""  # no warning, no progress bar, no Lightning tip
     assert all(line.startswith(("lightning-losses lm fit: ", "  ")) for line in lines), lines
     assert not any("Total params" in line or "Epoch 0" in line for line in lines)
@@ -165,6 +176,7 @@ def test_lm_fit_prints_the_perplexity_and_ece_its_run_records(fitted):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["config"] == "lm_ce"
+    assert client.get_experiment(run.info.experiment_id).name == "lightning-losses-lm"
     stored = run.data.metrics
     printed = float(PERPLEXITY.search(out).group(1))
     # The store's NLL, exponentiated here: the perplexity printed to its 2 decimals.
@@ -194,21 +206,26 @@ def test_lm_fit_writes_the_token_diagram_and_names_the_checkpoint_folder(fitted)
 
 
 @pytest.mark.slow
-def test_lm_test_scores_the_checkpoint_as_held_out_token_metrics_do(fitted, monkeypatch, capsys):
+@pytest.mark.parametrize(("command", "split"), [("validate", "val"), ("test", "test")])
+def test_lm_validate_and_test_score_the_checkpoint_as_held_out_token_metrics_do(
+    command, split, fitted, monkeypatch, capsys
+):
     from lightning_losses.lm.evaluation import held_out_logits, token_metrics
 
     folder, done = fitted
     monkeypatch.chdir(folder)
     checkpoint = re.search(r"  checkpoints: (\S+)", done.stdout).group(1) + "/last.ckpt"
-    cli = main(["test", "--config", "lm/lm_ce", "--ckpt_path", checkpoint, *QUICK[3:]])
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("lightning-losses lm test: test/acc ")
-    assert f"test/ppl {float(cli.trainer.callback_metrics['test/ppl']):.4g}" in line
-    # The reference: the full [tokens, vocabulary] logits of the test split, in one pass.
-    logits, target = held_out_logits(cli.model, cli.datamodule.dataset("test"))
+    cli = main([command, "--config", "lm/lm_ce", "--ckpt_path", checkpoint, *QUICK[3:]])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"lightning-losses lm {command}: {split}/acc ")
+    metrics = cli.trainer.callback_metrics
+    assert f"{split}/ppl {float(metrics[f'{split}/ppl']):.4g}" in lines[0]
+    # The reference: the full [tokens, vocabulary] logits of the split, in one pass.
+    logits, target = held_out_logits(cli.model, cli.datamodule.dataset(split))
     expected = token_metrics(logits, target)
     for name in ("ppl", "nll", "acc", "ece"):
-        logged = float(cli.trainer.callback_metrics[f"test/{name}"])
+        logged = float(metrics[f"{split}/{name}"])
         assert logged == pytest.approx(float(expected[name]), rel=1e-4, abs=1e-6), name
 
 
