@@ -274,7 +274,7 @@ class TrackingCLI(LightningCLI):
             require_reachable(init_args, source, self.subcommand or "")
 
 
-def require_checkpoint(config: Any, command: str | None) -> None:
+def require_checkpoint(config: Any, command: str | None, prog: str = PROG) -> None:
     """Stop ``validate``/``test``/``predict`` without ``--ckpt_path``, before anything is built.
 
     These commands evaluate a trained model; without a checkpoint they would evaluate freshly
@@ -288,7 +288,7 @@ def require_checkpoint(config: Any, command: str | None) -> None:
     if command not in CHECKPOINT_COMMANDS or (config or {}).get("ckpt_path"):
         return
     print(
-        f"{PROG} {command}: error: --ckpt_path is required: {_EVALUATES[command]}, e.g. "
+        f"{prog} {command}: error: --ckpt_path is required: {_EVALUATES[command]}, e.g. "
         "--ckpt_path mlflow_runs/<experiment id>/<run id>/checkpoints/last.ckpt",
         file=sys.stderr,
     )
@@ -299,7 +299,7 @@ def require_checkpoint(config: Any, command: str | None) -> None:
 CHECKPOINT_KEYWORDS = ("best", "last", "hpc", "registry")
 
 
-def require_checkpoint_file(config: Any, command: str | None) -> None:
+def require_checkpoint_file(config: Any, command: str | None, prog: str = PROG) -> None:
     """Stop a command whose ``--ckpt_path`` names no readable checkpoint, before any run.
 
     The message is one line naming ``--ckpt_path`` and the path; the exit status is 2. A
@@ -320,7 +320,7 @@ def require_checkpoint_file(config: Any, command: str | None) -> None:
         if problem is None:
             return
         print(
-            f"{PROG} {command}: error: {path} is not a readable checkpoint ({problem}): give "
+            f"{prog} {command}: error: {path} is not a readable checkpoint ({problem}): give "
             "--ckpt_path another one (a run's checkpoints/ folder keeps last.ckpt and the best "
             "epoch's), or fit without --ckpt_path to start afresh",
             file=sys.stderr,
@@ -328,7 +328,7 @@ def require_checkpoint_file(config: Any, command: str | None) -> None:
         raise SystemExit(USAGE_ERROR)
     problem = "is a folder, not a checkpoint file" if Path(path).is_dir() else "no such file"
     print(
-        f"{PROG} {command}: error: --ckpt_path {path}: {problem} (checkpoints are saved under "
+        f"{prog} {command}: error: --ckpt_path {path}: {problem} (checkpoints are saved under "
         "mlflow_runs/<experiment id>/<run id>/checkpoints/)",
         file=sys.stderr,
     )
@@ -356,8 +356,8 @@ class LossesCLI(TrackingCLI):
         """Refuse an evaluation without a checkpoint, then :class:`TrackingCLI`'s checks."""
         if self.subcommand is not None:
             config = self.config.get(self.subcommand)
-            require_checkpoint(config, self.subcommand)
-            require_checkpoint_file(config, self.subcommand)
+            require_checkpoint(config, self.subcommand, self.error_prog)
+            require_checkpoint_file(config, self.subcommand, self.error_prog)
         super().before_instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
@@ -439,7 +439,7 @@ class LossesCLI(TrackingCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand:  # before LightningCLI reads the checkpoint's hyper-parameters
-            require_checkpoint_file(self.config.get(subcommand), subcommand)
+            require_checkpoint_file(self.config.get(subcommand), subcommand, self.error_prog)
 
     def instantiate_classes(self) -> None:
         """Instantiate; a class that rejects its arguments is a one-line usage error.

@@ -266,3 +266,24 @@ def test_lm_fit_verbose_shows_lightning_output(tmp_path, monkeypatch, caplog):
     assert int(bins[0].sum()) == 2 * batch * cli.model.context_length  # 2 batches of windows
     ece = float(calibration_error_from_bins(*bins))
     assert ece == pytest.approx(float(cli.trainer.callback_metrics["val/ece"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_lm_evaluation_without_a_checkpoint_names_the_lm_command(
+    command, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--data.init_args.test_fraction=0.1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"lightning-losses lm {command}: error: --ckpt_path is required: ")
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--ckpt_path", "runs/last.ckpt"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"lightning-losses lm {command}: error: --ckpt_path runs/last.ckpt: no such file "
+        "(checkpoints are saved under mlflow_runs/<experiment id>/<run id>/checkpoints/)"
+    ]
+    assert list(tmp_path.iterdir()) == []
