@@ -65,8 +65,15 @@ _NOT_FINITE = re.compile(
 )
 
 
-#: How the message names an input the loss found non-finite (others by their argument name).
-_INPUT_WORDS = {"hidden": "hidden states"}
+#: The values a loss checks that the model computes (a non-finite one is a divergence), and
+#: how the message names them; a non-finite option (``pos_weight``) is no divergence.
+_MODEL_VALUES = {
+    "logits": "logits",
+    "hidden": "hidden states",
+    "weight": "head's weight",
+    "bias": "head's bias",
+    "features": "features",
+}
 
 
 class Divergence(FloatingPointError):
@@ -289,7 +296,7 @@ def failure_cause(
     - :class:`Divergence`, and the ``FloatingPointError`` of a ``16-true``/``bf16-true`` step
       (:func:`~lightning_losses.lightning.mixin.non_finite_message`): their message;
     - a loss's check of finite logits (``logits must be finite ...; found nan at
-      logits[0, 0]``) while fitting: ``the training logits became nan at step 1, epoch 0
+      logits[0, 0]``), or of a linear head's hidden states, weight or bias, while fitting: ``the training logits became nan at step 1, epoch 0
       (logits[0, 0]): the fit diverged; FIX`` (:func:`divergence_fix`).
     """
     for cause in _chain(error):
@@ -298,10 +305,12 @@ def failure_cause(
         if isinstance(cause, FloatingPointError) and _precision(trainer) in TRUE_HALF_PRECISIONS:
             return _first_line(cause)
         found = _NOT_FINITE.match(_first_line(cause)) if isinstance(cause, ValueError) else None
+        if found is not None and found["name"] not in _MODEL_VALUES:
+            found = None
         if found is not None and getattr(trainer.state, "fn", None) == "fit":
             stage = "training" if trainer.training else "validation"
             fix = divergence_fix(_precision(trainer), lr_option, _learning_rate(trainer))
-            what = _INPUT_WORDS.get(found["name"], found["name"])
+            what = _MODEL_VALUES[found["name"]]
             return (
                 f"the {stage} {what} became {found['value']} at step "
                 f"{trainer.global_step}, epoch {trainer.current_epoch} ({found['where']}): the "

@@ -172,6 +172,11 @@ def test_a_losss_check_of_finite_logits_is_a_divergence_while_fitting(tmp_path):
     with pytest.raises(ValueError, match=r"^hidden must be finite"):
         fit(_Raises(hidden.value), tmp_path, check)
     assert check.failure.startswith("the training hidden states became nan at step 0, epoch 0")
+    with pytest.raises(ValueError, match="must be finite") as option:  # the user's, not the fit's
+        check_finite("pos_weight", torch.tensor([float("inf")]))
+    with pytest.raises(ValueError, match=r"^pos_weight must be finite"):
+        fit(_Raises(option.value), tmp_path, check)
+    assert check.failure is None
 
 
 def test_off_the_cpu_the_check_is_read_back_every_log_every_n_steps():
