@@ -453,13 +453,15 @@ class LossesCLI(TrackingCLI):
         ``JSONARGPARSE_DEBUG=1`` keeps the traceback.
         """
         config = self.config.get(self.subcommand) if self.subcommand else self.config
+        # The words after `lightning-losses` in the error lines: `fit`, or `lm fit`.
+        command = " ".join([*self.error_prog.split()[1:], self.subcommand or ""]).strip() or None
         stores = [
             sqlite_file(resolve_tracking_uri(args.get("tracking_uri")))
             for args in tracking_logger_args(config)
         ]
         with (
-            constructor_errors_in_one_line(config, self.subcommand),
-            store_errors_in_one_line([s for s in stores if s is not None], self.subcommand),
+            constructor_errors_in_one_line(config, command),
+            store_errors_in_one_line([s for s in stores if s is not None], command),
         ):
             super().instantiate_classes()
 

@@ -287,3 +287,15 @@ def test_lm_evaluation_without_a_checkpoint_names_the_lm_command(
         "(checkpoints are saved under mlflow_runs/<experiment id>/<run id>/checkpoints/)"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_lm_fit_a_value_the_model_rejects_is_one_line_naming_lm(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--model.init_args.dropout=-1", "--data.init_args.max_vocab_size=300"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("lightning-losses lm fit: error: ")
+    assert "dropout probability has to be between 0 and 1, but got -1.0" in err[0]
