@@ -108,6 +108,17 @@ def _accumulation(trainer: pl.Trainer, epoch: int) -> int:
     return scheduler.get_accumulate_grad_batches(epoch)
 
 
+def _training_batches(trainer: pl.Trainer) -> float:
+    """The training batches of an epoch, loading the training data if it is not loaded yet.
+
+    As ``trainer.estimated_stepping_batches`` does; called once Lightning has restored a
+    resumed run's loops (see :meth:`LossScheduler.on_fit_start`).
+    """
+    if trainer.train_dataloader is None:
+        trainer.fit_loop.setup_data()
+    return trainer.num_training_batches
+
+
 def _known(total: float) -> bool:
     """Whether the trainer's estimate is a number of steps (not ``inf``, nor ``-1``)."""
     return math.isfinite(total) and total >= 0
@@ -338,7 +349,7 @@ class LossScheduler(Callback):
         An epoch takes its batches (after ``limit_train_batches``) over its accumulation,
         rounded up: Lightning steps the optimizer on an epoch's last batch too.
         """
-        batches = trainer.num_training_batches
+        batches = _training_batches(trainer)
         if not math.isfinite(batches):
             return None
         starts = [0]
@@ -348,7 +359,7 @@ class LossScheduler(Callback):
 
     def _epochs_of_steps(self, trainer: pl.Trainer, steps: int, cap: int | None) -> int | None:
         """How many epochs ``steps`` optimizer steps take (at most ``cap``); ``None``: unknown."""
-        batches = trainer.num_training_batches
+        batches = _training_batches(trainer)
         if not math.isfinite(batches) or batches <= 0:
             return None
         epochs, start = 0, 0

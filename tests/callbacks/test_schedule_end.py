@@ -88,7 +88,12 @@ def fit(
     callbacks: list[Callback], model: Plain | None = None, ckpt_path: Any = None, **trainer: Any
 ) -> Plain:
     model = Plain() if model is None else model
-    options: dict[str, Any] = {"max_epochs": 3, "limit_val_batches": 0, **trainer}
+    options: dict[str, Any] = {
+        "max_epochs": 3,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
+        **trainer,
+    }
     if model.validate:
         options.pop("limit_val_batches")
     L.Trainer(
@@ -98,7 +103,6 @@ def fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        num_sanity_val_steps=0,
         callbacks=callbacks,
         **options,
     ).fit(model, ckpt_path=ckpt_path)
@@ -167,6 +171,30 @@ def test_accumulation_changing_by_epoch_counts_each_epochs_steps():
     )
     assert sorted({s.epoch for s in model.seen}) == [0, 1]
     assert_sequence(model.seen, [s.epoch for s in model.seen], 1)
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "trainer", "progress", "last"),
+    [
+        # max_steps=10 ends training in epoch 1: the epochs come from the steps per epoch.
+        ([], {"max_epochs": -1, "max_steps": 10}, "epoch", 1),
+        # accumulation {0: 1, 1: 2}: 7 + 4 + 4 optimizer steps.
+        ([GradientAccumulationScheduler({0: 1, 1: 2})], {}, "step", 14),
+    ],
+    ids=["epoch-max-steps", "accumulation-by-epoch"],
+)
+def test_totals_that_need_the_training_data_are_right_after_a_sanity_check(
+    callbacks, trainer, progress, last
+):
+    # The check runs when the sanity check starts, before Lightning loads the training data
+    # for the fit loop: the callback loads it, as estimated_stepping_batches does.
+    interval = "epoch" if progress == "epoch" else "step"
+    annealing = GammaAnnealing(interval=interval, attribute="loss_fn")
+    model = fit(
+        [annealing, *callbacks], model=Plain(validate=True), num_sanity_val_steps=2, **trainer
+    )
+    assert annealing.total == last + 1
+    assert_sequence(model.seen, [getattr(s, progress) for s in model.seen], last)
 
 
 def test_cosine_schedule_ends_at_one_at_the_last_step():
