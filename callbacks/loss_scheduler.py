@@ -613,7 +613,7 @@ class LossScheduler(Callback):
         self._checked = False
         max_steps = trainer.max_steps
         needs_data = self.interval == "step" or (max_steps is not None and max_steps >= 0)
-        if self.given_total is not None or not needs_data or trainer.train_dataloader is not None:
+        if not needs_data or trainer.train_dataloader is not None:
             self._check(trainer, pl_module)
 
     @override
