@@ -138,7 +138,7 @@ def scheduled_hyperparameters(callbacks: Iterable[Any]) -> set[str]:
 
     Each callback with a ``changed_hyperparameters()`` method names the attributes it sets
     (:class:`~lightning_losses.callbacks.LossScheduler` and ``GammaAnnealing``: their
-    ``attribute``; :class:`~lightning_losses.callbacks.LossSwitch`: the names whose values
+    ``hyperparameter``; :class:`~lightning_losses.callbacks.LossSwitch`: the names whose values
     differ between its criteria); other callbacks name none.
 
     Example:
