@@ -296,8 +296,9 @@ def failure_cause(
     - :class:`Divergence`, and the ``FloatingPointError`` of a ``16-true``/``bf16-true`` step
       (:func:`~lightning_losses.lightning.mixin.non_finite_message`): their message;
     - a loss's check of finite logits (``logits must be finite ...; found nan at
-      logits[0, 0]``), or of a linear head's hidden states, weight or bias, while fitting: ``the training logits became nan at step 1, epoch 0
-      (logits[0, 0]): the fit diverged; FIX`` (:func:`divergence_fix`).
+      logits[0, 0]``), or of a linear head's hidden states, weight or bias, while fitting:
+      ``the training logits became nan at step 1, epoch 0 (logits[0, 0]): the fit diverged;
+      FIX`` (:func:`divergence_fix`).
     """
     for cause in _chain(error):
         if isinstance(cause, Divergence):
