@@ -21,6 +21,7 @@ PACKAGE = "lightning_losses"
 #: Lowest first: the layer order of docs/development.md (each entry: a module name pattern).
 LAYERS: list[tuple[str, str]] = [
     ("base", r"lightning_losses(\._lazy|\.loss_names|\.loss_ranges|\.warning)?"),
+    ("kernels", r"lightning_losses\.kernels(\..*)?"),
     ("functional", r"lightning_losses\.functional(\..*)?"),
     ("losses", r"lightning_losses\.(losses|heads|registry)"),
     ("calibration", r"lightning_losses\.calibration(\..*)?"),
@@ -99,7 +100,7 @@ def test_no_module_imports_a_higher_layer(graph):
 def test_calibration_depends_only_on_functional_and_tracking_never_on_the_command_line(graph):
     for name, deps in graph.items():
         if name.startswith(f"{PACKAGE}.calibration"):
-            assert {layer(d) for d in deps} <= {0, 1, layer(name)}, name
+            assert {layer(d) for d in deps} <= {0, 1, 2, layer(name)}, name  # base to functional
         if name.startswith(f"{PACKAGE}.tracking"):
             assert not {d for d in deps if d.startswith(f"{PACKAGE}.cli")}, name
     assert not [name for name, deps in graph.items() if f"{PACKAGE}.cli.console" in deps]

@@ -1,0 +1,97 @@
+"""Whether the Triton kernels can run for a tensor; nothing here imports Triton at import time.
+
+The kernels run on CUDA tensors when Triton imports, and on CPU tensors under Triton's
+interpreter (``TRITON_INTERPRET=1``, how the test suite runs them on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+#: The logits dtypes the kernels read (each computed in float32 after the load).
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def triton_importable() -> bool:
+    """Whether the ``triton`` package is installed (found without importing it).
+
+    Example:
+        >>> isinstance(triton_importable(), bool)
+        True
+    """
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` is set: the kernels then run on CPU tensors, slowly.
+
+    Example:
+        >>> isinstance(interpreter_enabled(), bool)
+        True
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def kernels_can_run(tensor: Tensor) -> bool:
+    """Whether the kernels can run on ``tensor``'s device here.
+
+    True for a CUDA tensor when Triton is installed, and for a CPU tensor when Triton is
+    installed and ``TRITON_INTERPRET=1`` is set.
+
+    Example:
+        >>> import os
+        >>> kernels_can_run(torch.zeros(2, 3)) == (triton_importable() and interpreter_enabled())
+        True
+    """
+    if not triton_importable():
+        return False
+    if tensor.device.type == "cuda":
+        return True
+    return tensor.device.type == "cpu" and interpreter_enabled()
+
+
+def use_kernels(logits: Tensor, backend: str) -> bool:
+    """Whether ``backend`` (``"auto"``, ``"triton"`` or ``"torch"``) runs the kernels on ``logits``.
+
+    ``"auto"`` runs them on CUDA tensors of float32, float16 or bfloat16 when Triton is
+    installed, the torch path elsewhere; ``"torch"`` never; ``"triton"`` always, and raises
+    where they cannot run.
+
+    Raises:
+        ValueError: an unknown ``backend``.
+        RuntimeError: ``backend="triton"`` where the kernels cannot run (no Triton, a CPU tensor
+            without ``TRITON_INTERPRET=1``, or a dtype they do not read).
+
+    Example:
+        >>> use_kernels(torch.zeros(2, 3), "torch")
+        False
+        >>> use_kernels(torch.zeros(2, 3, dtype=torch.float64), "auto")
+        False
+    """
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return (
+            logits.device.type == "cuda" and logits.dtype in KERNEL_DTYPES and triton_importable()
+        )
+    if backend != "triton":
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+    if logits.dtype not in KERNEL_DTYPES:
+        raise RuntimeError(
+            f"backend='triton' reads float32, float16 or bfloat16 logits; got {logits.dtype} "
+            "(use backend='torch' or 'auto')"
+        )
+    if not triton_importable():
+        raise RuntimeError("backend='triton' needs the triton package (pip install triton)")
+    if not kernels_can_run(logits):
+        raise RuntimeError(
+            "backend='triton' runs on CUDA tensors, or on CPU tensors under Triton's "
+            f"interpreter (TRITON_INTERPRET=1); got a {logits.device.type} tensor"
+        )
+    return True

@@ -1,0 +1,86 @@
+"""Compile every kernel variant for sm80 and sm90 on this CPU; print one JSON line per build.
+
+Run as a script in a process without ``TRITON_INTERPRET`` (see ``test_kernel_compile.py``).
+Each line: ``{"kernel", "dtype", "variant", "arch", "cubin", "ptx"}`` with the sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from lightning_losses.kernels.target_probability import kernel
+
+ROWS = {"rows": "i32", "columns": "i32", "stride": "i32"}
+FORWARD = {
+    "logits_ptr": "{dtype}",
+    "target_ptr": "*i64",
+    "weight_ptr": "*fp32",
+    "lse_ptr": "*fp32",
+    "log_p_ptr": "*fp32",
+    "smooth_ptr": "*fp32",
+    "runner_up_ptr": "*fp32",
+    **ROWS,
+    "total_ptr": "*fp32",
+}
+BACKWARD = {
+    "logits_ptr": "{dtype}",
+    "target_ptr": "*i64",
+    "weight_ptr": "*fp32",
+    "lse_ptr": "*fp32",
+    "scale_ptr": "*fp32",
+    "h_ptr": "*fp32",
+    "grad_ptr": "{dtype}",
+    **ROWS,
+    "grad_stride": "i32",
+    "total_ptr": "*fp32",
+}
+#: (name, signature, flag variants: the constexpr switches, all off and all on)
+KERNELS = [
+    (
+        "forward",
+        FORWARD,
+        [dict.fromkeys(("HAS_WEIGHT", "SMOOTHING", "RUNNER_UP"), on) for on in (False, True)],
+    ),
+    (
+        "backward",
+        BACKWARD,
+        [dict.fromkeys(("HAS_WEIGHT", "SMOOTHING"), on) for on in (False, True)],
+    ),
+]
+#: (BLOCK_N, BLOCK_C, num_warps) of a short-row and a long-row launch
+BLOCKS = [(4, 1024, 4), (1, 4096, 8)]
+
+
+def main() -> None:
+    """Compile each kernel x dtype x variant x architecture and print its sizes."""
+    for name, signature, variants in KERNELS:
+        fn = kernel(name, interpret=False)
+        for dtype in ("*fp32", "*bf16", "*fp16"):
+            for index, flags in enumerate(variants):
+                block_n, block_c, num_warps = BLOCKS[index]
+                constexprs = {**flags, "BLOCK_N": block_n, "BLOCK_C": block_c}
+                full = {k: v.format(dtype=dtype) for k, v in signature.items()}
+                full.update(dict.fromkeys(constexprs, "constexpr"))
+                for arch in (80, 90):
+                    source = ASTSource(fn=fn, signature=full, constexprs=constexprs)
+                    compiled = triton.compile(
+                        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}
+                    )
+                    line = {
+                        "kernel": name,
+                        "dtype": dtype,
+                        "variant": "all on" if index else "all off",
+                        "arch": arch,
+                        "cubin": len(compiled.asm["cubin"]),
+                        "ptx": len(compiled.asm["ptx"]),
+                    }
+                    print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
