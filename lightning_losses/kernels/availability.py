@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 
 import torch
 from torch import Tensor
@@ -36,6 +37,23 @@ def interpreter_enabled() -> bool:
         True
     """
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def imported_without_interpreter() -> bool:
+    """Whether ``triton`` was imported before ``TRITON_INTERPRET=1`` was set.
+
+    Triton reads the variable once, when ``triton.language`` is imported (its reductions are
+    then compiled functions, which the interpreter cannot call); ``import lightning`` imports
+    it. The interpreter needs the variable set before that first import.
+
+    Example:
+        >>> isinstance(imported_without_interpreter(), bool)
+        True
+    """
+    language = sys.modules.get("triton.language")
+    if language is None:
+        return False
+    return type(getattr(language, "sum", None)).__name__ != "InterpretedFunction"
 
 
 def kernels_can_run(tensor: Tensor) -> bool:
@@ -93,5 +111,11 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
         raise RuntimeError(
             "backend='triton' runs on CUDA tensors, or on CPU tensors under Triton's "
             f"interpreter (TRITON_INTERPRET=1); got a {logits.device.type} tensor"
+        )
+    if logits.device.type != "cuda" and imported_without_interpreter():
+        raise RuntimeError(
+            "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before triton is "
+            "first imported (import lightning imports it): set it in the environment of the "
+            "process"
         )
     return True

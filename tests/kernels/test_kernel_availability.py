@@ -1,0 +1,23 @@
+"""The backend choice in a process that imported triton without the interpreter (this one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_losses.kernels.availability import imported_without_interpreter, use_kernels
+
+
+def test_the_interpreter_needs_the_variable_before_triton_is_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import triton.language  # noqa: F401  (lightning imports it too)
+
+    assert imported_without_interpreter()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="set before triton is first imported"):
+        use_kernels(torch.zeros(2, 3), "triton")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match=r"runs on CUDA tensors, or on CPU tensors"):
+        use_kernels(torch.zeros(2, 3), "triton")
+    assert not use_kernels(torch.zeros(2, 3), "auto")
