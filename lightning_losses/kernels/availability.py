@@ -77,14 +77,15 @@ def kernels_can_run(tensor: Tensor) -> bool:
 def use_kernels(logits: Tensor, backend: str) -> bool:
     """Whether ``backend`` (``"auto"``, ``"triton"`` or ``"torch"``) runs the kernels on ``logits``.
 
-    ``"auto"`` runs them on CUDA tensors of float32, float16 or bfloat16 when Triton is
-    installed, the torch path elsewhere; ``"torch"`` never; ``"triton"`` always, and raises
-    where they cannot run.
+    ``"auto"`` runs them on ``[N, C]`` CUDA tensors of float32, float16 or bfloat16 when
+    Triton is installed, the torch path elsewhere; ``"torch"`` never; ``"triton"`` always, and
+    raises where they cannot run.
 
     Raises:
         ValueError: an unknown ``backend``.
         RuntimeError: ``backend="triton"`` where the kernels cannot run (no Triton, a CPU tensor
-            without ``TRITON_INTERPRET=1``, or a dtype they do not read).
+            without ``TRITON_INTERPRET=1``, logits of another shape or of a dtype they do not
+            read).
 
     Example:
         >>> use_kernels(torch.zeros(2, 3), "torch")
@@ -96,10 +97,18 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
         return False
     if backend == "auto":
         return (
-            logits.device.type == "cuda" and logits.dtype in KERNEL_DTYPES and triton_importable()
+            logits.device.type == "cuda"
+            and logits.dim() == 2
+            and logits.dtype in KERNEL_DTYPES
+            and triton_importable()
         )
     if backend != "triton":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+    if logits.dim() != 2:
+        raise RuntimeError(
+            f"backend='triton' takes [N, C] logits; got shape {list(logits.shape)} "
+            "(use backend='torch' or 'auto')"
+        )
     if logits.dtype not in KERNEL_DTYPES:
         raise RuntimeError(
             f"backend='triton' reads float32, float16 or bfloat16 logits; got {logits.dtype} "

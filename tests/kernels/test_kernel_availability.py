@@ -21,3 +21,5 @@ def test_the_interpreter_needs_the_variable_before_triton_is_imported(
     with pytest.raises(RuntimeError, match=r"runs on CUDA tensors, or on CPU tensors"):
         use_kernels(torch.zeros(2, 3), "triton")
     assert not use_kernels(torch.zeros(2, 3), "auto")
+    with pytest.raises(RuntimeError, match=r"takes \[N, C\] logits; got shape \[2, 3, 4\]"):
+        use_kernels(torch.zeros(2, 3, 4), "triton")
