@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - the kernels are defined but cannot run
     triton = None
     tl = None
 
-__all__ = ["TritonTargetProbability", "row_statistics"]
+__all__ = ["TritonTargetProbability", "backward_rows", "forward_rows", "prepare", "row_statistics"]
 
 #: ``phi(log_p, **hyperparameters) -> (value, derivative)``: the family's ``phi`` functions
 #: (:mod:`lightning_losses.functional.target_probability`; this layer sits below that one).
@@ -58,6 +58,7 @@ def _forward_kernel(
     log_p_ptr,
     smooth_ptr,
     runner_up_ptr,
+    runner_up_index_ptr,
     rows,
     columns,
     stride,
@@ -80,6 +81,7 @@ def _forward_kernel(
     s = tl.zeros([BLOCK_N], tl.float32)
     weighted = tl.zeros([BLOCK_N], tl.float32)
     runner_up = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    runner_up_index = tl.full([BLOCK_N], 0, tl.int32)
     for start in range(0, columns, BLOCK_C):
         column = start + tl.arange(0, BLOCK_C)
         column_mask = column < columns
@@ -95,9 +97,11 @@ def _forward_kernel(
                 w = tl.load(weight_ptr + column, mask=column_mask, other=0.0).to(tl.float32)
                 shifted = shifted * w[None, :]
             weighted += tl.sum(shifted, axis=1)
-        if RUNNER_UP:
+        if RUNNER_UP:  # the first column of the largest logit strictly below x_t
             below = tl.where(x < x_t[:, None], x, float("-inf"))
-            runner_up = tl.maximum(runner_up, tl.max(below, axis=1))
+            best, index = tl.max(below, axis=1, return_indices=True)
+            runner_up_index = tl.where(best > runner_up, start + index, runner_up_index)
+            runner_up = tl.maximum(runner_up, best)
     lse = m + tl.log(s)
     tl.store(lse_ptr + row, lse, mask=row_mask)
     tl.store(log_p_ptr + row, tl.where(valid, x_t - lse, 0.0), mask=row_mask)
@@ -107,6 +111,7 @@ def _forward_kernel(
         tl.store(smooth_ptr + row, tl.where(valid, smooth, 0.0), mask=row_mask)
     if RUNNER_UP:
         tl.store(runner_up_ptr + row, runner_up, mask=row_mask)
+        tl.store(runner_up_index_ptr + row, runner_up_index, mask=row_mask)
 
 
 def _backward_kernel(
@@ -116,6 +121,8 @@ def _backward_kernel(
     lse_ptr,
     scale_ptr,
     h_ptr,
+    second_ptr,
+    second_scale_ptr,
     grad_ptr,
     rows,
     columns,
@@ -124,10 +131,15 @@ def _backward_kernel(
     total_ptr,
     HAS_WEIGHT: tl.constexpr,
     SMOOTHING: tl.constexpr,
+    SECOND: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """``grad = softmax * (h W - g) - h w + g onehot(t)`` per row, in the gradient's dtype."""
+    """``grad = softmax * (h W - g - g_j) - h w + g onehot(t) + g_j onehot(j)``, per row.
+
+    In the gradient's dtype; ``h`` with ``SMOOTHING``, the second column ``j`` and its factor
+    ``g_j`` with ``SECOND`` (dual focal), each 0 otherwise.
+    """
     row = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = row < rows
     target = tl.load(target_ptr + row, mask=row_mask, other=-1)
@@ -138,6 +150,12 @@ def _backward_kernel(
     if SMOOTHING:
         h = tl.load(h_ptr + row, mask=row_mask, other=0.0)
         factor = h * tl.load(total_ptr) - scale
+    second = tl.full([BLOCK_N], -1, tl.int64)
+    second_scale = tl.zeros([BLOCK_N], tl.float32)
+    if SECOND:
+        second = tl.load(second_ptr + row, mask=row_mask, other=-1)
+        second_scale = tl.load(second_scale_ptr + row, mask=row_mask, other=0.0)
+        factor = factor - second_scale
     row_start = logits_ptr + row.to(tl.int64) * stride
     grad_start = grad_ptr + row.to(tl.int64) * grad_stride
     for start in range(0, columns, BLOCK_C):
@@ -153,6 +171,8 @@ def _backward_kernel(
             else:
                 g = g - h[:, None]
         g = tl.where(column[None, :] == target[:, None], g + scale[:, None], g)
+        if SECOND:
+            g = tl.where(column[None, :] == second[:, None], g + second_scale[:, None], g)
         tl.store(grad_start[:, None] + column[None, :], g.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
@@ -211,31 +231,36 @@ def _total(weight: Tensor | None, columns: int, device: torch.device) -> Tensor:
     return weight.sum().reshape(1)
 
 
-def _forward(
+def forward_rows(
     logits: Tensor,
     target: Tensor,
     weight: Tensor | None,
     smoothing: bool,
     runner_up: bool,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Launch the forward kernel: ``lse``, ``log p_t`` and the optional statistics, float32."""
+) -> dict[str, Tensor]:
+    """Launch the forward kernel on prepared inputs; the statistics of :func:`row_statistics`."""
     rows, columns = logits.shape
     interpret = logits.device.type != "cuda"
     new = functools.partial(torch.empty, rows, dtype=torch.float32, device=logits.device)
-    lse, log_p = new(), new()
-    smooth = new() if smoothing else None
-    second = new() if runner_up else None
+    found = {"lse": new(), "log_p": new()}
+    if smoothing:
+        found["smooth"] = new()
+    if runner_up:
+        found["runner_up"] = new()
+        found["runner_up_index"] = torch.zeros(rows, dtype=torch.long, device=logits.device)
     if rows == 0:
-        return lse, log_p, smooth, second
+        return found
     block_n, block_c, num_warps = blocks(rows, columns, interpret)
+    spare = found["lse"]  # passed where a statistic is not asked for (never written)
     kernel("forward", interpret)[(triton.cdiv(rows, block_n),)](
         logits,
         target,
-        weight if weight is not None else lse,
-        lse,
-        log_p,
-        smooth if smooth is not None else lse,
-        second if second is not None else lse,
+        spare if weight is None else weight,
+        found["lse"],
+        found["log_p"],
+        found.get("smooth", spare),
+        found.get("runner_up", spare),
+        found.get("runner_up_index", target),
         rows,
         columns,
         logits.stride(0),
@@ -247,10 +272,58 @@ def _forward(
         BLOCK_C=block_c,
         num_warps=num_warps,
     )
-    return lse, log_p, smooth, second
+    return found
 
 
-def _prepare(logits: Tensor, target: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+def backward_rows(
+    logits: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    scale: Tensor,
+    *,
+    h: Tensor | None = None,
+    weight: Tensor | None = None,
+    second: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Launch the backward kernel: the gradient of the logits, in their dtype.
+
+    ``grad = softmax * (h W - g - g_j) - h w + g onehot(t) + g_j onehot(j)`` per row, with
+    ``g = scale``, the smoothing factor ``h`` (and the class weights ``w``, ``W = sum w``) and
+    ``second = (j, g_j)``, each left out when ``None``. ``target`` is ``-1`` on ignored rows
+    (whose ``scale``, ``h`` and ``g_j`` are 0), as :func:`_prepare` gives.
+    """
+    grad = torch.empty_like(logits)
+    rows, columns = logits.shape
+    if rows == 0:
+        return grad
+    interpret = logits.device.type != "cuda"
+    block_n, block_c, num_warps = blocks(rows, columns, interpret)
+    kernel("backward", interpret)[(triton.cdiv(rows, block_n),)](
+        logits,
+        target,
+        lse if weight is None else weight,
+        lse,
+        scale.float().contiguous(),
+        scale if h is None else h.float().contiguous(),
+        target if second is None else second[0].contiguous(),
+        scale if second is None else second[1].float().contiguous(),
+        grad,
+        rows,
+        columns,
+        logits.stride(0),
+        grad.stride(0),
+        _total(weight, columns, logits.device),
+        HAS_WEIGHT=weight is not None,
+        SMOOTHING=h is not None,
+        SECOND=second is not None,
+        BLOCK_N=block_n,
+        BLOCK_C=block_c,
+        num_warps=num_warps,
+    )
+    return grad
+
+
+def prepare(logits: Tensor, target: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
     """Logits with unit column stride, and the target with ``-1`` on ignored rows (int64)."""
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -271,30 +344,25 @@ def row_statistics(
 ) -> dict[str, Tensor]:
     """Per-row statistics of ``[N, C]`` logits from one pass of the forward kernel (no grad).
 
-    Returns float32 ``[N]`` tensors: ``"lse"`` (``logsumexp(x)``), ``"log_p"`` (``x_t - lse``,
-    0 on ignored rows), with ``smoothing`` ``"smooth"`` (``sum_c w_c (-log p_c)``, 0 on
-    ignored rows) and with ``runner_up`` ``"runner_up"`` (the largest logit strictly below
-    ``x_t``, ``-inf`` when there is none; dual focal's ``p_j = exp(runner_up - lse)``).
+    Returns ``[N]`` tensors: ``"lse"`` (``logsumexp(x)``), ``"log_p"`` (``x_t - lse``, 0 on
+    ignored rows), with ``smoothing`` ``"smooth"`` (``sum_c w_c (-log p_c)``, 0 on ignored
+    rows), with ``runner_up`` ``"runner_up"`` (the largest logit strictly below ``x_t``,
+    ``-inf`` when there is none; dual focal's ``p_j = exp(runner_up - lse)``) and
+    ``"runner_up_index"`` (its first column, int64; 0 when there is none), the others float32.
 
     Args:
         logits: ``[N, C]`` float32, float16 or bfloat16 logits, on a CUDA device (or a CPU
             under ``TRITON_INTERPRET=1``).
-        target: ``[N]`` class indices; ``valid`` (bool ``[N]``) marks the rows not ignored.
-        valid: rows to keep (all when ``None``).
+        target: ``[N]`` class indices.
+        valid: bool ``[N]``, the rows not ignored (all when ``None``).
         weight: optional class weights ``w`` of the smoothing sum.
         smoothing: also return the smoothing sum.
-        runner_up: also return the runner-up logit.
+        runner_up: also return the runner-up logit and its column.
     """
-    logits, target = _prepare(logits, target, valid)
+    logits, target = prepare(logits, target, valid)
     if weight is not None:
         weight = weight.to(device=logits.device, dtype=torch.float32).contiguous()
-    lse, log_p, smooth, second = _forward(logits, target, weight, smoothing, runner_up)
-    found = {"lse": lse, "log_p": log_p}
-    if smooth is not None:
-        found["smooth"] = smooth
-    if second is not None:
-        found["runner_up"] = second
-    return found
+    return forward_rows(logits, target, weight, smoothing, runner_up)
 
 
 class TritonTargetProbability(torch.autograd.Function):
@@ -320,54 +388,29 @@ class TritonTargetProbability(torch.autograd.Function):
         smooth_weight: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """One forward kernel, then ``phi`` on the ``N``-vector ``log p_t``."""
-        logits, kernel_target = _prepare(logits, target, valid)
+        logits, kernel_target = prepare(logits, target, valid)
         weight = None
         if smooth_weight is not None:
             weight = smooth_weight.to(device=logits.device, dtype=torch.float32).contiguous()
-        lse, log_p, smooth, _ = _forward(logits, kernel_target, weight, smoothing, False)
+        found = forward_rows(logits, kernel_target, weight, smoothing, False)
+        log_p = found["log_p"]
         zero = torch.zeros((), dtype=log_p.dtype, device=log_p.device)
         with torch.autocast(logits.device.type, enabled=False):
             value, derivative = phi(log_p, **hyperparameters)
         derivative = torch.where(valid, derivative, zero)
         value = torch.where(valid, value, zero)
         ctx.smoothing = smoothing
-        ctx.save_for_backward(logits, kernel_target, lse, derivative, valid, weight)
-        if smooth is None:
+        ctx.save_for_backward(logits, kernel_target, found["lse"], derivative, valid, weight)
+        if not smoothing:
             return value
-        return value, smooth
+        return value, found["smooth"]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grad_outputs: Tensor) -> tuple[Tensor | None, ...]:
         """One backward kernel: the gradient of the logits, in their dtype."""
         logits, target, lse, derivative, valid, weight = ctx.saved_tensors
-        scale = (grad_outputs[0].float() * derivative).contiguous()
-        h = None
-        if ctx.smoothing:
-            h = torch.where(valid, grad_outputs[1].float(), 0.0).contiguous()
-        grad = torch.empty_like(logits)
-        rows, columns = logits.shape
-        if rows == 0:
-            return grad, None, None, None, None, None, None
-        interpret = logits.device.type != "cuda"
-        block_n, block_c, num_warps = blocks(rows, columns, interpret)
-        kernel("backward", interpret)[(triton.cdiv(rows, block_n),)](
-            logits,
-            target,
-            weight if weight is not None else lse,
-            lse,
-            scale,
-            h if h is not None else scale,
-            grad,
-            rows,
-            columns,
-            logits.stride(0),
-            grad.stride(0),
-            _total(weight, columns, logits.device),
-            HAS_WEIGHT=weight is not None,
-            SMOOTHING=h is not None,
-            BLOCK_N=block_n,
-            BLOCK_C=block_c,
-            num_warps=num_warps,
-        )
+        h = torch.where(valid, grad_outputs[1].float(), 0.0) if ctx.smoothing else None
+        scale = grad_outputs[0].float() * derivative
+        grad = backward_rows(logits, target, lse, scale, h=h, weight=weight)
         return grad, None, None, None, None, None, None

@@ -24,6 +24,7 @@ FORWARD = {
     "log_p_ptr": "*fp32",
     "smooth_ptr": "*fp32",
     "runner_up_ptr": "*fp32",
+    "runner_up_index_ptr": "*i64",
     **ROWS,
     "total_ptr": "*fp32",
 }
@@ -34,6 +35,8 @@ BACKWARD = {
     "lse_ptr": "*fp32",
     "scale_ptr": "*fp32",
     "h_ptr": "*fp32",
+    "second_ptr": "*i64",
+    "second_scale_ptr": "*fp32",
     "grad_ptr": "{dtype}",
     **ROWS,
     "grad_stride": "i32",
@@ -49,7 +52,7 @@ KERNELS = [
     (
         "backward",
         BACKWARD,
-        [dict.fromkeys(("HAS_WEIGHT", "SMOOTHING"), on) for on in (False, True)],
+        [dict.fromkeys(("HAS_WEIGHT", "SMOOTHING", "SECOND"), on) for on in (False, True)],
     ),
 ]
 #: (BLOCK_N, BLOCK_C, num_warps) of a short-row and a long-row launch

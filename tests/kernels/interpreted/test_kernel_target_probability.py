@@ -268,6 +268,10 @@ def test_row_statistics_lse_and_the_runner_up_logit(
     below = torch.where(x64 < x_t, x64, -math.inf).amax(dim=1)
     assert torch.equal(found["runner_up"][valid].double(), below[valid])
     assert found["runner_up"][0] == -math.inf
+    has = valid & (below > -math.inf)  # row 0 has none: its index is 0
+    index = found["runner_up_index"][has]
+    assert torch.equal(x64[has].gather(1, index[:, None])[:, 0], below[has])
+    assert found["runner_up_index"][0] == 0
 
 
 def test_strided_rows_are_read_in_place() -> None:
