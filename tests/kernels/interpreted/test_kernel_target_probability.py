@@ -23,10 +23,13 @@ import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import _FusedTargetProbability
+from lightning_losses.functional.adafocal import phi_adafocal
 from lightning_losses.functional.target_probability import (
+    phi_adaptive_focal,
     phi_cross_entropy,
     phi_focal,
     phi_gamma_cross_entropy,
+    phi_hard_truncated,
     phi_poly1,
     phi_soft_accuracy,
 )
@@ -47,6 +50,15 @@ OUTPUT_ROUNDING = {torch.float32: 0.0, torch.float16: 2.0**-11, torch.bfloat16: 
 def _q(lp: Tensor) -> Tensor:
     """``1 - p``, kept off 0 so that ``q ** 0.5`` has a finite gradient at ``p = 1`` (C = 1)."""
     return (1 - lp.exp()).clamp_min(1e-300)
+
+
+def _adafocal(lp: Tensor, inner: list[float], gammas: list[float]) -> Tensor:
+    """``-(1 - s p)^|g| log p``, ``g`` the gamma of ``p``'s bin (``k`` inner edges ``<= p``)."""
+    p = lp.exp()
+    index = sum((p.detach() >= edge).long() for edge in inner)
+    g = torch.tensor(gammas, dtype=lp.dtype)[index]
+    base = torch.where(g >= 0, _q(lp), 1 + p)
+    return -(base ** g.abs()) * lp
 
 
 def _tailr(lp: Tensor, gamma: float, threshold: float) -> Tensor:
@@ -74,6 +86,24 @@ CASES: list[tuple[str, Callable[..., Any], dict[str, Any], Callable[[Tensor], Te
     ),
     ("soft_accuracy", phi_soft_accuracy, {}, lambda lp: 1 - lp.exp()),
     ("poly1", phi_poly1, {"epsilon": 1.0}, lambda lp: -lp + (1 - lp.exp())),
+    (  # FLSD-53: gamma 5 below p = 0.2, 3 above (a per-sample gamma)
+        "flsd53",
+        phi_adaptive_focal,
+        {"thresholds": [0.2], "gammas": [5.0, 3.0]},
+        lambda lp: -(_q(lp) ** torch.where(lp.exp() < 0.2, 5.0, 3.0)) * lp,
+    ),
+    (  # AdaFocal: per-bin gammas, the negative one inverse focal (1 + p)^|g|
+        "adafocal",
+        phi_adafocal,
+        {"edges": torch.tensor([0.0, 0.3, 0.7, 1.0]), "gammas": torch.tensor([4.0, -1.0, 2.0])},
+        lambda lp: _adafocal(lp, [0.3, 0.7], [4.0, -1.0, 2.0]),
+    ),
+    (
+        "hard_truncated",
+        phi_hard_truncated,
+        {"margin": 0.5},
+        lambda lp: torch.where(lp.exp() <= 0.5, -lp, 0.0),
+    ),
 ]
 IDS = [case[0] for case in CASES]
 
