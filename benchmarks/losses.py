@@ -7,6 +7,7 @@ Usage::
     python benchmarks/losses.py --markdown          # the README table
     python benchmarks/losses.py --only poly1_loss mdca_loss   # some cases, beside F.cross_entropy
     python benchmarks/losses.py --device cuda --dtype bfloat16   # on the GPU, bfloat16 logits
+    python benchmarks/losses.py --small             # per-call cost: small batches, one thread
 
 Times are the median of ``--repeats`` timed calls after one warm-up, the candidates run in
 turn within each repetition so that drift of the machine hits them alike. Peak memory is
@@ -22,6 +23,16 @@ measured in this process after the warm-ups: ``torch.cuda.max_memory_allocated()
 forward + backward (its statistics reset just before it) less ``torch.cuda.memory_allocated()``
 at that moment (again inputs excluded, the gradient of the logits counted). A case that runs out
 of GPU memory is left out of the table and named below it.
+
+With ``--small`` the table is the per-call cost instead: forward + backward of the loss modules
+(each registry loss of the target-probability family and the literature's, with its defaults,
+built by :func:`lightning_losses.get_loss`), called as a training step calls them, on small
+logits (``--small-sizes``, by default [100, 10], [32, 10] and [256, 100]) on one CPU thread,
+with the argument checks on (``validate_args=True``, the default) and off, each over
+``F.cross_entropy`` timed in the same run. Every call is timed on its own (``--small-repeats``
+of them per case, the cases in turn within each repetition) and the median is shown, in µs.
+Targets: ``CrossEntropyLoss`` within 1.2x ``F.cross_entropy``, every other loss within 2x, with
+the checks on.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import torch.nn.functional as F
 from peak_memory import reset_peak, status_bytes
 
 from lightning_losses import functional as LF
+from lightning_losses import get_loss
 
 Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -169,6 +181,105 @@ SMOOTHED = {
 }
 
 
+#: The registry's losses in the small-batch table: the target-probability family (``ce`` within
+#: 1.2x ``F.cross_entropy``) and the literature's built on it (each within 2x).
+SMALL_LOSSES = (
+    "ce",
+    "gamma_ce",
+    "soft_accuracy",
+    "focal",
+    "adaptive_focal",
+    "adafocal",
+    "hard_truncated",
+    "poly1",
+    "mbls",
+    "dual_focal",
+    "mdca",
+    "dca",
+    "mmce",
+)
+#: Options of the small table's variants beside the defaults: ``name -> (registry name, options)``.
+SMALL_VARIANTS = {
+    "gamma_ce (TaiLr, threshold=0.2)": ("gamma_ce", {"threshold": 0.2}),
+    "ce (label_smoothing=0.1)": ("ce", {"label_smoothing": 0.1}),
+}
+#: The small table's ratio targets (with the checks on): ``ce`` and every other loss.
+SMALL_TARGET_CE, SMALL_TARGET_OTHERS = 1.2, 2.0
+
+
+def small_cases(x: torch.Tensor, t: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """``F.cross_entropy`` and each small-table module, checks on and off, as calls of x, t."""
+    specs = {name: (name, {}) for name in SMALL_LOSSES}
+    specs.update(SMALL_VARIANTS)
+    cases: dict[str, Callable[[], torch.Tensor]] = {
+        "F.cross_entropy": lambda: F.cross_entropy(x, t)
+    }
+    for validate_args in (True, False):
+        for name, (registry_name, options) in specs.items():
+            module = get_loss(registry_name, **options, validate_args=validate_args)
+            key = name if validate_args else f"{name} [unchecked]"
+            cases[key] = lambda module=module: module(x, t)
+    return cases
+
+
+def small_medians(
+    cases: dict[str, Callable[[], torch.Tensor]], x: torch.Tensor, repeats: int
+) -> dict[str, float]:
+    """Median seconds of one forward + backward of each case, the cases in turn (warmed up)."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for repeat in range(repeats + 20):
+        for name, case in cases.items():
+            x.grad = None
+            start = time.perf_counter()
+            case().backward()
+            elapsed = time.perf_counter() - start
+            if repeat >= 20:  # the first calls warm up
+                times[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def small_table(args: argparse.Namespace) -> None:
+    """The per-call table: every small-table module over ``F.cross_entropy``, one CPU thread."""
+    torch.set_num_threads(1)
+    worst: dict[str, float] = {}
+    for size in args.small_sizes:
+        rows, classes = (int(v) for v in size.split("x"))
+        x, t, _ = make_inputs(rows, classes, binary=False)
+        median = small_medians(small_cases(x, t), x, args.small_repeats)
+        base = median["F.cross_entropy"]
+        title = (
+            f"forward+backward of the loss modules, logits [{rows}, {classes}] float32, CPU "
+            f"(1 thread), torch {torch.__version__}; median of {args.small_repeats} calls each"
+        )
+        header = ["loss", "µs", "/ F.cross_entropy", "µs unchecked", "/ F.cross_entropy"]
+        table = [["F.cross_entropy", f"{1e6 * base:.1f}", "1.00x", "", ""]]
+        for name in median:
+            if name == "F.cross_entropy" or name.endswith("[unchecked]"):
+                continue
+            checked, unchecked = median[name], median[f"{name} [unchecked]"]
+            table.append(
+                [
+                    name,
+                    f"{1e6 * checked:.1f}",
+                    f"{checked / base:.2f}x",
+                    f"{1e6 * unchecked:.1f}",
+                    f"{unchecked / base:.2f}x",
+                ]
+            )
+            worst[name] = max(worst.get(name, 0.0), checked / base)
+        print_rows(title, "unchecked: validate_args=False", header, table, args.markdown)
+        print()
+    ce = worst.pop("ce")
+    others = max(worst.values())
+    slowest = max(worst, key=worst.__getitem__)
+    print(
+        f"ce: {ce:.2f}x F.cross_entropy at worst (target <= {SMALL_TARGET_CE}x: "
+        f"{'met' if ce <= SMALL_TARGET_CE else 'NOT met'}); every other loss: {others:.2f}x at "
+        f"worst ({slowest}; target <= {SMALL_TARGET_OTHERS}x: "
+        f"{'met' if others <= SMALL_TARGET_OTHERS else 'NOT met'}), with the checks on"
+    )
+
+
 def synchronize(device: str) -> None:
     """Wait for the kernels queued on ``device`` (CUDA); nothing on the CPU."""
     if device == "cuda":
@@ -276,6 +387,17 @@ def parse_args() -> argparse.Namespace:
         "--dtype", choices=list(DTYPES), default="float32", help="the logits' dtype"
     )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--small", action="store_true", help="the per-call table of small batches instead"
+    )
+    parser.add_argument(
+        "--small-sizes",
+        nargs="+",
+        default=["100x10", "32x10", "256x100"],
+        metavar="NxC",
+        help="logits of the --small table",
+    )
+    parser.add_argument("--small-repeats", type=int, default=1000, help="calls per --small case")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(
@@ -348,14 +470,22 @@ def print_table(
                 mem_ratio,
             ]
         )
-    if args.markdown:
-        print(f"{title}. `*`: target-probability family (target: within 1.10x).\n")
+    note = "`*`: target-probability family (target: within 1.10x)"
+    print_rows(title, note, header, rows, args.markdown)
+
+
+def print_rows(
+    title: str, note: str, header: list[str], rows: list[list[str]], markdown: bool
+) -> None:
+    """A table: Markdown (title, note, then the rows) or aligned text (the note after the title)."""
+    if markdown:
+        print(f"{title}. {note}.\n")
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for row in rows:
             print("| " + " | ".join(row) + " |")
     else:
-        print(title + "   (* target-probability family, target <= 1.10x)")
+        print(f"{title}   ({note.replace('`', '')})")
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -409,6 +539,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.memory_of:
         measure_memory(args.memory_of, args.rows, args.classes, DTYPES[args.dtype])
+        return
+    if args.small:
+        small_table(args)
         return
     cases = all_cases(args.device)
     if args.only:

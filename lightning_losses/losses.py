@@ -133,7 +133,15 @@ class FunctionalLoss(nn.Module):
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """The loss of ``logits`` for ``target``, with the current hyper-parameters."""
-        return type(self).function(logits, target, **self.hyperparameters(), **self.options())
+        cls = type(self)
+        # the values hyperparameters() and options() give, read in one pass: the buffers
+        # (weight, alpha) straight from their dict, not through nn.Module.__getattr__
+        buffers = self._buffers
+        arguments = {
+            name: buffers[name] if name in buffers else getattr(self, name)
+            for name in cls.hyperparameter_names + cls.option_names
+        }
+        return cls.function(logits, target, **arguments)
 
     def extra_repr(self) -> str:
         """The hyper-parameters and ``reduction``, for ``repr``."""

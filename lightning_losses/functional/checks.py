@@ -136,6 +136,8 @@ def check_ignore_index(ignore_index: object) -> None:
         lightning_losses.functional.checks.ArgumentTypeError: ignore_index must be an int; \
 got None
     """
+    if type(ignore_index) is int:  # the common case, without the abstract-class check
+        return
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise ArgumentTypeError(f"ignore_index must be an int; got {ignore_index!r}")
 
@@ -473,13 +475,19 @@ found 3
     check_ignore_index(ignore_index)
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor; got {type(target).__name__}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+    if target.dtype is not torch.int64 and (
+        target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
+    ):
         raise TypeError(
             "target must hold class indices (an integer tensor of shape [N, *]); got dtype "
             f"{target.dtype}. Soft or binary targets belong to the binary_* or multi-label losses."
         )
-    expected = (logits.shape[0], *logits.shape[2:])
-    if tuple(target.shape) != expected:
+    if logits.dim() == 2:  # the common case, without building the expected shape
+        matches = target.dim() == 1 and target.shape[0] == logits.shape[0]
+    else:
+        matches = tuple(target.shape) == (logits.shape[0], *logits.shape[2:])
+    if not matches:
+        expected = (logits.shape[0], *logits.shape[2:])
         raise ValueError(
             f"target must have shape {list(expected)} to match logits of shape "
             f"{list(logits.shape)} (class dimension 1); got {list(target.shape)}"

@@ -15,24 +15,13 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from lightning_losses.functional._core import Phi, target_probability_loss
+from lightning_losses.functional._core import Phi, phi_cross_entropy, target_probability_loss
 from lightning_losses.functional.checks import (
     check_range,
-    check_reduction,
 )
 from lightning_losses.loss_ranges import LOSS_RANGES
 
-
-def _one_minus_p(log_p: Tensor) -> Tensor:
-    return -torch.expm1(log_p)
-
-
 # --- phi functions: (log_p, **hyperparameters) -> (value, d value / d log_p) -----------------
-
-
-def phi_cross_entropy(log_p: Tensor) -> tuple[Tensor, Tensor]:
-    """``-log p``."""
-    return -log_p, torch.full_like(log_p, -1.0)
 
 
 def _gamma_ce_weight(log_p: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
@@ -43,11 +32,11 @@ def _gamma_ce_weight(log_p: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
     + log p)`` stays exact down to ``p = 0`` and reduces to ``log p`` at ``gamma = 0``.
     """
     a = 1.0 - gamma
-    aq = a * _one_minus_p(log_p)
-    near_one = torch.log1p(-aq)
+    minus_aq = torch.expm1(log_p).mul_(a)  # -a q, q = -expm1(log p)
+    near_one = torch.log1p(minus_aq)
     log_gamma = math.log(gamma) if gamma > 0 else -math.inf
     far = torch.logaddexp(torch.full_like(log_p, log_gamma), log_p + math.log(a))
-    log_mix = torch.where(aq <= 0.5, near_one, far)
+    log_mix = torch.where(minus_aq >= -0.5, near_one, far)
     return log_mix, torch.exp(log_p - log_mix)
 
 
@@ -60,19 +49,19 @@ def phi_gamma_cross_entropy(
             w = torch.exp(log_p)
         else:
             w = _gamma_ce_weight(log_p, gamma)[1]
-        factor = torch.clamp(w, min=threshold)
-        return -factor * log_p, -factor
+        factor = torch.clamp_min_(w, threshold).neg_()  # -max(b, w)
+        return torch.mul(factor, log_p), factor
     if gamma == 0.0:
         return phi_cross_entropy(log_p)
     if gamma == 1.0:
-        return _one_minus_p(log_p), -torch.exp(log_p)
+        return phi_soft_accuracy(log_p)
     log_mix, w = _gamma_ce_weight(log_p, gamma)
-    return -log_mix / (1.0 - gamma), -w
+    return torch.div(log_mix, -(1.0 - gamma)), w.neg_()
 
 
 def phi_soft_accuracy(log_p: Tensor) -> tuple[Tensor, Tensor]:
     """``1 - p``."""
-    return _one_minus_p(log_p), -torch.exp(log_p)
+    return torch.expm1(log_p).neg_(), torch.exp(log_p).neg_()
 
 
 def phi_focal(log_p: Tensor, gamma: float | Tensor) -> tuple[Tensor, Tensor]:
@@ -81,11 +70,13 @@ def phi_focal(log_p: Tensor, gamma: float | Tensor) -> tuple[Tensor, Tensor]:
     ``log p / (1-p)`` tends to -1 as ``p -> 1``, so the derivative stays finite for every
     ``gamma >= 0`` (autograd of ``pow`` would give ``0 * inf`` there when ``gamma < 1``).
     """
-    q = _one_minus_p(log_p)
+    q = torch.expm1(log_p).neg_()
     focal_weight = q.pow(gamma)
-    ratio = torch.where(q > 0, log_p / torch.where(q > 0, q, 1.0), -1.0)
-    derivative = focal_weight * (gamma * torch.exp(log_p) * ratio - 1.0)
-    return -focal_weight * log_p, derivative
+    # log p / q is 0 / 0 only where q = 0, i.e. log p = 0: there its limit, -1 (log p <= 0, so
+    # q > 0 elsewhere; a NaN log p gives a NaN weight either way, an infinite one stays so)
+    ratio = torch.div(log_p, q).nan_to_num_(nan=-1.0, posinf=math.inf, neginf=-math.inf)
+    derivative = ratio.mul_(torch.exp(log_p)).mul_(gamma).sub_(1.0).mul_(focal_weight)
+    return torch.mul(focal_weight, log_p).neg_(), derivative
 
 
 def phi_adaptive_focal(
@@ -104,8 +95,8 @@ def phi_poly1(log_p: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
     ``q = 1 - p = -expm1(log p)`` keeps its digits where ``p`` is near 1, and the derivative is
     written with ``q`` so that at ``epsilon = -1`` it is ``-q`` itself, not ``p - 1`` rounded.
     """
-    q = _one_minus_p(log_p)
-    return epsilon * q - log_p, epsilon * q - (1.0 + epsilon)
+    epsilon_q = torch.expm1(log_p).mul_(-epsilon)  # epsilon * q, q = -expm1(log p)
+    return epsilon_q - log_p, epsilon_q - (1.0 + epsilon)
 
 
 def phi_hard_truncated(log_p: Tensor, margin: float) -> tuple[Tensor, Tensor]:
@@ -443,21 +434,18 @@ def _focal_family(
     **hyperparameters,
 ) -> Tensor:
     # alpha_t is a factor of the formula: "mean" stays a plain mean over non-ignored elements.
-    check_reduction(reduction)
-    loss = target_probability_loss(
+    return target_probability_loss(
         logits,
         target,
         phi,
         weight=alpha,
         weight_name="alpha",
         ignore_index=ignore_index,
-        reduction="none",
+        reduction=reduction,
         validate_args=validate_args,
+        weighted_mean=False,
         **hyperparameters,
     )
-    if reduction == "mean":
-        return loss.sum() / (target != ignore_index).sum().clamp_min(1)
-    return loss.sum() if reduction == "sum" else loss
 
 
 def focal_loss(
