@@ -45,6 +45,7 @@ from lightning_losses.functional.checks import (
     check_index_target,
     check_reduction,
 )
+from lightning_losses.kernels.availability import use_kernels
 
 #: ``phi(log_p, **hyperparameters) -> (value, derivative)``, both of the shape of ``log_p``.
 Phi = Callable[..., tuple[Tensor, Tensor]]
@@ -248,19 +249,24 @@ def fused_rows(
     hyperparameters: dict[str, Any],
     eps: float,
     weight: Tensor | None,
+    kernels: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """The fused ``[N, C]`` path: ``phi(log p_t)`` per row and, with ``eps > 0``, the smoothing.
 
     Returns ``(loss, smooth)``: ``phi(log p_t)`` (0 where ``valid`` is false) and the
     label-smoothing term ``sum_c w_c (-log p_c)`` (``None`` when ``eps == 0``), each ``[N]``,
-    from :class:`_FusedTargetProbability`.
+    from :class:`_FusedTargetProbability`, or with ``kernels`` from its Triton twin
+    (:mod:`lightning_losses.kernels.target_probability`, imported only then).
     """
+    fused: Any = _FusedTargetProbability
+    if kernels:
+        from lightning_losses.kernels.target_probability import TritonTargetProbability
+
+        fused = TritonTargetProbability
     safe_target = torch.where(valid, target, 0)
     if eps == 0:
-        return _FusedTargetProbability.apply(logits, safe_target, valid, phi, hyperparameters), None
-    loss, smooth = _FusedTargetProbability.apply(
-        logits, safe_target, valid, phi, hyperparameters, True, weight
-    )
+        return fused.apply(logits, safe_target, valid, phi, hyperparameters), None
+    loss, smooth = fused.apply(logits, safe_target, valid, phi, hyperparameters, True, weight)
     return loss, smooth
 
 
@@ -311,7 +317,7 @@ def _cross_entropy(
     gives. With ``validate_args`` the finiteness of the logits and of the mean are read
     together, and the denominator is looked at only when that fails.
     """
-    if reduction == "mean" and not validate_args:  # no synchronisation: divide the sum
+    if reduction == "mean" and not validate_args and not x.is_cpu:  # no synchronisation
         total = F.cross_entropy(
             x, target, weight, ignore_index=ignore_index, reduction="sum", label_smoothing=eps
         )
@@ -319,9 +325,12 @@ def _cross_entropy(
     loss = F.cross_entropy(
         x, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=eps
     )
-    if not validate_args or _finite(x, loss if reduction == "mean" else None):
+    if validate_args:
+        if _finite(x, loss if reduction == "mean" else None):
+            return loss
+        check_finite("logits", x)
+    elif reduction != "mean" or math.isfinite(loss.item()):  # reading a CPU scalar is free
         return loss
-    check_finite("logits", x)
     if reduction == "mean" and not bool(_mean_denominator(target, weight, ignore_index) > 0):
         loss = F.cross_entropy(
             x, target, weight, ignore_index=ignore_index, reduction="sum", label_smoothing=eps
@@ -332,50 +341,59 @@ def _cross_entropy(
 class _PhiReduced(torch.autograd.Function):
     """``w_t * phi(-nll)`` reduced, in one node: ``phi``, the weights and the reduction.
 
-    ``nll`` is ``-log p_t`` from PyTorch's kernel (0 where ignored); ``valid`` marks the
-    elements that count, ``element_weight`` is ``w_t`` (0 where ignored) or ``None``, and
-    ``denominator`` the divisor of ``"mean"`` (a count or a sum of weights, see
-    :func:`reduce_loss`). One autograd node instead of one per operation: on small inputs each
-    node costs more than its arithmetic. The backward is ``-w_t phi'(-nll)`` times the upstream
-    gradient (divided by the denominator for ``"mean"``); the ignored elements' gradients are
-    dropped by the nll kernel's backward.
+    ``nll`` is ``-log p_t`` from PyTorch's kernel (0 where ignored, where ``phi(0) = 0`` for
+    every loss of the family), ``element_weight`` is ``w_t`` (0 where ignored) or ``None``,
+    and ``denominator`` the divisor of ``"mean"``: a count (an ``int``, or an integer tensor
+    off the CPU) or a sum of weights (a tensor); see :func:`reduce_loss` for its zero. One
+    autograd node instead of one per operation: on small inputs each node costs more than its
+    arithmetic. The backward is ``-w_t phi'(-nll)`` times the upstream gradient (divided by the
+    denominator for ``"mean"``); the ignored elements' gradients are dropped by the nll
+    kernel's backward. Once differentiable: the derivative is saved, not a graph.
     """
 
     @staticmethod
     def forward(
         ctx: Any,
         nll: Tensor,
-        valid: Tensor,
         element_weight: Tensor | None,
-        denominator: Tensor | None,
+        denominator: Tensor | int | None,
         reduction: str,
         phi: Phi,
         hyperparameters: dict[str, Any],
     ) -> Tensor:
         value, derivative = phi(nll.neg(), **hyperparameters)
-        value = torch.where(valid, value, 0.0)
         if element_weight is not None:
             value = value * element_weight
             derivative = derivative * element_weight
-        ctx.reduction = reduction
+        ctx.denominator = None
         if reduction == "mean" and denominator is not None:
-            # max(count, 1), or a sum of weights where it is > 0 (else 1), as reduce_loss
-            if denominator.is_floating_point():
+            if not isinstance(denominator, Tensor):
+                denominator = max(denominator, 1)
+            elif denominator.is_floating_point():  # a sum of weights: 1 where it is 0
                 denominator = torch.where(denominator > 0, denominator, 1.0)
             else:
                 denominator = denominator.clamp_min(1)
-            ctx.save_for_backward(derivative, denominator)
+            ctx.denominator = denominator
+            ctx.save_for_backward(derivative)
             return value.sum() / denominator
         ctx.save_for_backward(derivative)
         return value if reduction == "none" else value.sum()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
-        derivative, *denominator = ctx.saved_tensors
-        if denominator:
-            grad_output = grad_output / denominator[0]
-        return torch.mul(derivative, grad_output).neg_(), None, None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: PyTorch's error for a second order
+            return _PhiReduced._once_differentiable_backward(ctx, grad_output)
+        (derivative,) = ctx.saved_tensors
+        grad = torch.mul(derivative, grad_output)
+        if ctx.denominator is not None:
+            grad = grad.div_(ctx.denominator)
+        return grad.neg_(), None, None, None, None, None
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _once_differentiable_backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        with torch.no_grad():
+            return _PhiReduced.backward(ctx, grad_output)
 
 
 def _phi_loss(
@@ -391,20 +409,24 @@ def _phi_loss(
     validate_args: bool,
 ) -> Tensor:
     """``w_t * phi(log p_t)`` (plus the smoothing term) reduced, from PyTorch's kernels."""
-    valid = target != ignore_index
     if eps == 0:
         nll = F.cross_entropy(x, target, ignore_index=ignore_index, reduction="none")
         if validate_args and not _finite(x):
             check_finite("logits", x)
-        element_weight = _element_weights(target, valid, weight, x.dtype)
+        if x.is_cpu and ignore_index < 0 and target.numel() and int(target.min()) >= 0:
+            # nothing ignored (the kernel let only [0, C) and ignore_index through): no mask
+            element_weight = None if weight is None else weight[target]
+            count: Tensor | int = target.numel()
+        else:
+            valid = target != ignore_index
+            element_weight = _element_weights(target, valid, weight, x.dtype)
+            count = int(valid.sum()) if x.is_cpu else valid.sum()
         denominator = None
-        if reduction == "mean" and element_weight is not None and weighted_mean:
-            denominator = element_weight.sum()
-        elif reduction == "mean":
-            denominator = valid.sum()
-        return _PhiReduced.apply(
-            nll, valid, element_weight, denominator, reduction, phi, hyperparameters
-        )
+        if reduction == "mean":
+            weighted = element_weight is not None and weighted_mean
+            denominator = element_weight.sum() if weighted else count  # type: ignore[union-attr]
+        return _PhiReduced.apply(nll, element_weight, denominator, reduction, phi, hyperparameters)
+    valid = target != ignore_index
     log_p = torch.log_softmax(x, dim=1)  # one log-softmax gives both terms
     nll = F.nll_loss(log_p, target, ignore_index=ignore_index, reduction="none")
     if validate_args and not _finite(x):
@@ -414,7 +436,7 @@ def _phi_loss(
     else:
         smooth = (log_p * weight.view(-1, *[1] * (x.dim() - 2))).sum(dim=1)
     smooth = torch.where(valid, smooth.neg(), 0.0)
-    loss = _PhiReduced.apply(nll, valid, None, None, "none", phi, hyperparameters)
+    loss = _PhiReduced.apply(nll, None, None, "none", phi, hyperparameters)
     return _weigh_and_reduce(
         loss, smooth, target, valid, weight, eps, x.shape[1], reduction, weighted_mean
     )
@@ -519,6 +541,7 @@ def target_probability_loss(
     label_smoothing: float = 0.0,
     validate_args: bool = True,
     weighted_mean: bool = True,
+    backend: str = "auto",
     **hyperparameters: Any,
 ) -> Tensor:
     """``weight_t * phi(log p_t)`` per element, reduced; the engine of the family.
@@ -551,6 +574,10 @@ def target_probability_loss(
         weighted_mean: ``"mean"`` divides by the sum of ``w_t`` (cross-entropy's convention);
             ``False``: by the number of non-ignored elements, the weight being a factor of the
             formula (focal loss's ``alpha``).
+        backend: ``"auto"`` (the Triton kernels of :mod:`lightning_losses.kernels` for
+            ``[N, C]`` CUDA logits when Triton imports, the torch path elsewhere), ``"torch"``
+            or ``"triton"`` (the kernels; on CPU tensors only under ``TRITON_INTERPRET=1``,
+            else a one-line error).
         **hyperparameters: passed to ``phi``.
     """
     check_reduction(reduction)
@@ -558,7 +585,8 @@ def target_probability_loss(
     if weight is not None:
         weight = check_class_vector(weight_name, weight, logits, validate_args=False)
     eps = float(label_smoothing)
-    if logits.dim() > 2 or logits.numel() <= SMALL_ELEMENTS:
+    kernels = use_kernels(logits, backend)
+    if not kernels and (logits.dim() > 2 or logits.numel() <= SMALL_ELEMENTS):
         return _unfused_loss(
             logits,
             target,
@@ -578,7 +606,7 @@ def target_probability_loss(
         if weight is not None:
             check_class_weights(weight_name, weight)
     valid = target != ignore_index
-    loss, smooth = fused_rows(logits, target, valid, phi, hyperparameters, eps, weight)
+    loss, smooth = fused_rows(logits, target, valid, phi, hyperparameters, eps, weight, kernels)
     return _weigh_and_reduce(
         loss, smooth, target, valid, weight, eps, logits.shape[1], reduction, weighted_mean
     )

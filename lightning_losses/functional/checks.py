@@ -680,6 +680,13 @@ def check_class_indices(
     """
     if target.numel() == 0:
         return
+    low, high = torch.aminmax(target)  # one reduction: most targets pass on it
+    if target.is_cpu:
+        bounds = [int(low), int(high)]
+    else:
+        bounds = torch.stack((low, high)).tolist()  # one synchronisation
+    if bounds[0] >= 0 and bounds[1] < num_classes:
+        return
     bad = (target < 0) | (target >= num_classes)
     if ignore_index is not None:
         bad &= target != ignore_index
@@ -712,8 +719,9 @@ def first_non_finite(tensor: Tensor) -> tuple[float, list[int]]:
 def check_finite(name: str, tensor: Tensor) -> None:
     """Check that ``tensor`` holds no NaN and no infinity.
 
-    One reduction (``aminmax``, which propagates NaN), no tensor of the input's size; the
-    offending entry is located only when there is one.
+    One reduction (a sum: NaN and inf propagate through it), no tensor of the input's size;
+    only a sum that is not finite (a non-finite entry, or finite entries whose sum overflows)
+    is looked at again, and the offending entry located when there is one.
 
     Args:
         name: the argument's name.
@@ -732,7 +740,9 @@ found nan at logits[0, 1]
     """
     if tensor.numel() == 0:
         return
-    low, high = torch.aminmax(tensor.detach())
+    if math.isfinite(tensor.detach().sum().item()):
+        return
+    low, high = torch.aminmax(tensor.detach())  # propagates NaN
     if bool(torch.isfinite(low) & torch.isfinite(high)):
         return
     value, index = first_non_finite(tensor.detach())

@@ -8,6 +8,7 @@ Notation: ``log p_t = x_t - logsumexp(x)``, ``p_t = exp(log p_t)``, ``q = 1 - p_
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -83,10 +84,25 @@ def phi_adaptive_focal(
     log_p: Tensor, thresholds: Sequence[float], gammas: Sequence[float]
 ) -> tuple[Tensor, Tensor]:
     """Focal with ``gamma = gammas[k]``, ``k`` the number of thresholds ``<= p``."""
-    boundaries = torch.tensor(thresholds, dtype=log_p.dtype, device=log_p.device)
-    table = torch.tensor(gammas, dtype=log_p.dtype, device=log_p.device)
+    boundaries, table = _adaptive_tables(
+        tuple(thresholds), tuple(gammas), log_p.dtype, log_p.device
+    )
     gamma = table[torch.bucketize(torch.exp(log_p), boundaries, right=True)]
     return phi_focal(log_p, gamma)
+
+
+@functools.lru_cache(maxsize=32)
+def _adaptive_tables(
+    thresholds: tuple[float, ...],
+    gammas: tuple[float, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """The thresholds and gammas of adaptive focal loss as tensors, made once per setting."""
+    return (
+        torch.tensor(thresholds, dtype=dtype, device=device),
+        torch.tensor(gammas, dtype=dtype, device=device),
+    )
 
 
 def phi_poly1(log_p: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
