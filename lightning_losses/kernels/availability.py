@@ -93,15 +93,15 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
         >>> use_kernels(torch.zeros(2, 3, dtype=torch.float64), "auto")
         False
     """
-    if backend == "torch":
-        return False
-    if backend == "auto":
+    if backend == "auto":  # first: the common case, on every call (is_cuda is the cheap test)
         return (
-            logits.device.type == "cuda"
+            logits.is_cuda
             and logits.dim() == 2
             and logits.dtype in KERNEL_DTYPES
             and triton_importable()
         )
+    if backend == "torch":
+        return False
     if backend != "triton":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
     if logits.dim() != 2:
