@@ -8,6 +8,7 @@ themselves are in ``test_kernel_target_probability.py``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -18,13 +19,16 @@ from lightning_losses.functional.target_probability import phi_cross_entropy, ph
 from lightning_losses.kernels import target_probability
 
 EPS32 = 2.0**-24
+DEVICE = torch.device(os.environ.get("KERNEL_TEST_DEVICE", "cpu"))  # see the family's tests
 
 
 def _loss(backend: str, x: torch.Tensor, target: torch.Tensor, **options: Any) -> tuple:
-    leaf = x.clone().requires_grad_()
-    loss = target_probability_loss(leaf, target, backend=backend, **options)
-    (loss if loss.dim() == 0 else loss @ torch.linspace(-1, 1, loss.numel())).backward()
-    return loss.detach(), leaf.grad
+    leaf = x.to(DEVICE, copy=True).requires_grad_()
+    loss = target_probability_loss(leaf, target.to(DEVICE), backend=backend, **options)
+    upstream = torch.linspace(-1, 1, loss.numel(), device=DEVICE)
+    (loss if loss.dim() == 0 else loss @ upstream).backward()
+    assert leaf.grad is not None
+    return loss.detach().cpu(), leaf.grad.cpu()
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])

@@ -9,6 +9,8 @@ gradient's output rounding in half precision.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import Tensor
@@ -18,6 +20,7 @@ from lightning_losses.kernels import target_probability
 from lightning_losses.kernels.dual_focal import TritonDualFocal
 
 EPS32 = 2.0**-24
+DEVICE = torch.device(os.environ.get("KERNEL_TEST_DEVICE", "cpu"))  # see the family's tests
 OUTPUT_ROUNDING = {torch.float32: 0.0, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
 
 
@@ -32,11 +35,11 @@ def _reference(x: Tensor, target: Tensor, valid: Tensor, gamma: float) -> tuple[
 
 
 def _run(function, x, target, valid, gamma, *extra):  # type: ignore[no-untyped-def]
-    leaf = x.clone().requires_grad_()
-    value = function.apply(leaf, target, valid, gamma, *extra)
+    leaf = x.to(DEVICE, copy=True).requires_grad_()
+    value = function.apply(leaf, target.to(DEVICE), valid.to(DEVICE), gamma, *extra)
     upstream = torch.linspace(-1, 2, x.shape[0])
-    (upstream * value).sum().backward()
-    return value.detach(), leaf.grad, upstream
+    (upstream.to(DEVICE) * value).sum().backward()
+    return value.detach().cpu(), leaf.grad.cpu(), upstream
 
 
 @pytest.mark.parametrize("gamma", [0.5, 2.0])

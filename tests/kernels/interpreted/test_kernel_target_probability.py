@@ -1,6 +1,7 @@
 """The target-probability kernels under Triton's interpreter, against float64 and the torch path.
 
-Run in a process started with ``TRITON_INTERPRET=1`` (see ``tests/kernels/conftest.py``).
+Run in a process started with ``TRITON_INTERPRET=1`` (see ``tests/kernels/conftest.py``), or on
+a GPU with ``KERNEL_TEST_DEVICE=cuda`` (the kernels compiled; the references stay on the CPU).
 
 The reference is written here in float64 from the same (rounded) inputs: ``log p =
 log_softmax(x)``, the loss ``phi(log p_t)`` written with plain torch ops (autograd gives its
@@ -15,6 +16,7 @@ bfloat16, which the interpreter truncates) and nothing else.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,8 @@ from lightning_losses.kernels.target_probability import (
 )
 
 EPS32 = 2.0**-24
+#: Where the kernels run: the CPU under the interpreter, or a GPU (KERNEL_TEST_DEVICE=cuda).
+DEVICE = torch.device(os.environ.get("KERNEL_TEST_DEVICE", "cpu"))
 #: Relative rounding of a gradient written in each dtype: half an ulp for float16; a whole ulp for
 #: bfloat16, which Triton's interpreter writes by truncation (the GPU rounds to nearest).
 OUTPUT_ROUNDING = {torch.float32: 0.0, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
@@ -152,15 +156,25 @@ def _run(
     smoothing: bool,
     upstream: tuple[Tensor, Tensor],
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    leaf = x.clone().requires_grad_()
-    out = function.apply(leaf, target, valid, phi, hyperparameters, smoothing, weight)
+    leaf = x.to(DEVICE, copy=True).requires_grad_()
+    if weight is not None:
+        weight = weight.to(DEVICE)
+    out = function.apply(
+        leaf, target.to(DEVICE), valid.to(DEVICE), phi, hyperparameters, smoothing, weight
+    )
     value, smooth = out if smoothing else (out, None)
-    total = (upstream[0] * value).sum()
+    total = (upstream[0].to(DEVICE) * value).sum()
     if smooth is not None:
-        total = total + (upstream[1] * smooth).sum()
+        total = total + (upstream[1].to(DEVICE) * smooth).sum()
     total.backward()
     assert leaf.grad is not None
-    return value.detach(), None if smooth is None else smooth.detach(), leaf.grad
+    return value.detach().cpu(), None if smooth is None else smooth.detach().cpu(), leaf.grad.cpu()
+
+
+def _stats(x: Tensor, target: Tensor, valid: Tensor, **options: Any) -> dict[str, Tensor]:
+    """:func:`row_statistics` on ``DEVICE``, back on the CPU."""
+    found = row_statistics(x.to(DEVICE), target.to(DEVICE), valid=valid.to(DEVICE), **options)
+    return {key: value.cpu() for key, value in found.items()}
 
 
 def _check(
@@ -279,7 +293,7 @@ def test_a_common_offset_does_not_cancel_the_smoothing_sum() -> None:
     # logits near 1000: sum_c x_c and C lse are near 1e6, their difference near C log C
     x, target, valid = _inputs(16, 1000, torch.float32)
     x = x + 1000.0
-    found = row_statistics(x, target, valid=valid, smoothing=True)
+    found = _stats(x, target, valid, smoothing=True)
     expected = torch.where(valid, -torch.log_softmax(x.double(), dim=1).sum(dim=1), 0.0)
     _assert_within(found["smooth"], expected, 64 * EPS32 * 1000 * 10, "offset smoothing sum")
 
@@ -291,7 +305,7 @@ def test_row_statistics_lse_and_the_runner_up_logit(
     monkeypatch.setattr(target_probability, "INTERPRETER_TILE", tile)
     x, target, valid = _inputs(40, 37, torch.float32)
     x[0] = 1.0  # a tie everywhere: no logit strictly below the target's
-    found = row_statistics(x, target, valid=valid, runner_up=True)
+    found = _stats(x, target, valid, runner_up=True)
     x64 = x.double()
     _assert_within(found["lse"], torch.logsumexp(x64, dim=1), 16 * EPS32 * 10, "lse")
     x_t = x64.gather(1, target[:, None])
@@ -306,14 +320,15 @@ def test_row_statistics_lse_and_the_runner_up_logit(
 
 def test_strided_rows_are_read_in_place() -> None:
     x, target, valid = _inputs(12, 50, torch.float32)
-    wide = torch.zeros(12, 80)
-    wide[:, 10:60] = x
+    wide = torch.zeros(12, 80, device=DEVICE)
+    wide[:, 10:60] = x.to(DEVICE)
     view = wide[:, 10:60]  # row stride 80, column stride 1
-    a = row_statistics(view, target, valid=valid, smoothing=True)
-    b = row_statistics(x, target, valid=valid, smoothing=True)
+    a = row_statistics(view, target.to(DEVICE), valid=valid.to(DEVICE), smoothing=True)
+    b = row_statistics(x.to(DEVICE), target.to(DEVICE), valid=valid.to(DEVICE), smoothing=True)
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter's backend choice")
 def test_the_backend_choice_and_its_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.zeros(2, 3)
     assert use_kernels(x, "triton")
