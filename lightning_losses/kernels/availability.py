@@ -74,12 +74,19 @@ def kernels_can_run(tensor: Tensor) -> bool:
     return tensor.device.type == "cpu" and interpreter_enabled()
 
 
+#: Whether ``backend="auto"`` picks the kernels for CUDA tensors. Off until the kernels have run
+#: on a GPU (``benchmarks/device_check.sh``): so far they are tested under Triton's interpreter
+#: and compiled ahead of time for sm80/sm90, never executed on a device, so ``"auto"`` keeps the
+#: PyTorch path and ``backend="triton"`` opts in.
+AUTO_USES_KERNELS = False
+
+
 def use_kernels(logits: Tensor, backend: str) -> bool:
     """Whether ``backend`` (``"auto"``, ``"triton"`` or ``"torch"``) runs the kernels on ``logits``.
 
     ``"auto"`` runs them on ``[N, C]`` CUDA tensors of float32, float16 or bfloat16 when
-    Triton is installed, the torch path elsewhere; ``"torch"`` never; ``"triton"`` always, and
-    raises where they cannot run.
+    Triton is installed and :data:`AUTO_USES_KERNELS` is on, the torch path elsewhere;
+    ``"torch"`` never; ``"triton"`` always, and raises where they cannot run.
 
     Raises:
         ValueError: an unknown ``backend``.
@@ -95,7 +102,8 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
     """
     if backend == "auto":  # first: the common case, on every call (is_cuda is the cheap test)
         return (
-            logits.is_cuda
+            AUTO_USES_KERNELS
+            and logits.is_cuda
             and logits.dim() == 2
             and logits.dtype in KERNEL_DTYPES
             and triton_importable()
