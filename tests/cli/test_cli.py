@@ -107,7 +107,7 @@ def test_schedule_on_missing_attribute_fails_naming_it(tmp_path):
     scheduler = (
         "\n    - class_path: lightning_losses.callbacks.LossScheduler\n"
         "      init_args:\n"
-        "        attribute: margin\n"
+        "        hyperparameter: margin\n"
         "        schedule:\n"
         "          class_path: lightning_losses.callbacks.LinearSchedule\n"
         "          init_args: {start_value: 0.0, end_value: 1.0}\n"

@@ -179,10 +179,11 @@ def test_only_the_annealed_gamma_is_a_metric(fit):
     client, run_id = client_of(fit), fit.trainer.logger.run_id
     run = client.get_run(run_id)
     gamma = client.get_metric_history(run_id, "criterion/gamma")
-    total = EPOCHS * BATCHES  # GammaAnnealing(0 -> 1, begin=0, until=1.0): gamma = step / T
+    total = EPOCHS * BATCHES  # GammaAnnealing(0 -> 1): gamma = step / (T - 1), 1 at the last
     assert [m.step for m in gamma] == list(range(total))
     for metric in gamma:
-        assert math.isclose(metric.value, metric.step / total, rel_tol=1e-6, abs_tol=1e-7)
+        assert math.isclose(metric.value, metric.step / (total - 1), rel_tol=1e-6, abs_tol=1e-7)
+    assert gamma[-1].value == 1.0
     for name in ("label_smoothing", "threshold"):
         assert client.get_metric_history(run_id, f"criterion/{name}") == []
         assert f"criterion/{name}" not in run.data.metrics
