@@ -15,14 +15,16 @@
 #   [7]    lm_head float32, 8192x512x32000 (~10 ms a call) and 32768x1024x128000 (3-4 matmuls
 #          of 8.6 TFLOP, ~0.5-1 s a call; 11-15 candidates x 5 calls): ~60-90 s;
 #   [8]    lm_head bfloat16, the same shapes on tensor cores: ~20-30 s.
-# In all about 4 minutes.
+# [9-13] the Triton kernels: the interpreter's tests on the device, then kernels.py at both shapes,
+#          float32 and bfloat16 (estimated 1-2 minutes, not yet measured).
+# In all about 6 minutes.
 set -euo pipefail
 
 out="${1:?usage: bash benchmarks/device_check.sh OUTPUT_DIR}"
 mkdir -p "$out"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 python="${PYTHON:-$(command -v python || command -v python3)}"
-total=8
+total=13
 
 device=cuda
 small=(--rows 32768 --classes 1000 --repeats 20)
@@ -33,6 +35,15 @@ if [[ "${DEVICE_CHECK_SMOKE:-0}" == 1 ]]; then # check the steps on a CPU, tiny
     small=(--rows 256 --classes 20 --repeats 1 --threads 1)
     large=(--rows 128 --classes 300 --repeats 1 --threads 1)
     shapes=(--shapes 128x16x500 256x16x2000 --max-plain-gib 64 --repeats 1 --threads 1)
+fi
+# The Triton kernels of [N, C] logits (benchmarks/kernels.py); in smoke mode under Triton's
+# interpreter on the CPU, tiny.
+kernel_small=(--rows 32768 --classes 1000 --repeats 20)
+kernel_large=(--rows 65536 --classes 32000 --repeats 5)
+if [[ "${DEVICE_CHECK_SMOKE:-0}" == 1 ]]; then
+    export TRITON_INTERPRET=1
+    kernel_small=(--rows 64 --classes 50 --repeats 1)
+    kernel_large=(--rows 32 --classes 300 --repeats 1)
 fi
 # The losses of [N, C] logits: those that fit at [65536, 32000] (F.cross_entropy always runs).
 large_cases=(
@@ -83,6 +94,25 @@ begin "lm_head.py float32 -> $out/lm_head_float32.md"
 begin "lm_head.py bfloat16 -> $out/lm_head_bfloat16.md"
 "$python" benchmarks/lm_head.py --device "$device" --dtype bfloat16 --markdown "${shapes[@]}" \
     | tee "$out/lm_head_bfloat16.md"
+
+begin "kernels: the interpreter's tests on the compiled kernels (pytest + hypothesis) -> $out/kernels_tests.txt"
+if [[ "${DEVICE_CHECK_SMOKE:-0}" == 1 ]]; then
+    echo "smoke mode: skipped (tests/kernels runs them under the interpreter in the suite)"
+else
+    KERNEL_TEST_DEVICE=cuda "$python" -m pytest -q -p no:cacheprovider tests/kernels/interpreted \
+        | tee "$out/kernels_tests.txt" || echo "kernel tests failed: see $out/kernels_tests.txt"
+fi
+
+for dtype in float32 bfloat16; do
+    begin "kernels.py $dtype [32768, 1000] -> $out/kernels_$dtype.md"
+    "$python" benchmarks/kernels.py --device "$device" --dtype "$dtype" "${kernel_small[@]}" \
+        | tee "$out/kernels_$dtype.md"
+done
+for dtype in float32 bfloat16; do
+    begin "kernels.py $dtype [65536, 32000] -> $out/kernels_large_$dtype.md"
+    "$python" benchmarks/kernels.py --device "$device" --dtype "$dtype" "${kernel_large[@]}" \
+        | tee "$out/kernels_large_$dtype.md"
+done
 
 echo
 echo "done in ${SECONDS} s; tables in $out"
