@@ -25,6 +25,7 @@ from lightning_losses.functional.binary import (
 )
 from lightning_losses.functional.calibration_penalties import dca_loss, mdca_loss, mmce_loss
 from lightning_losses.functional.checks import (
+    check_choice,
     check_dca,
     check_dual_focal,
     check_flag,
@@ -34,6 +35,7 @@ from lightning_losses.functional.checks import (
     check_mdca,
     check_mmce,
     check_range,
+    check_real,
 )
 from lightning_losses.functional.dual_focal import dual_focal_loss
 from lightning_losses.functional.exact import check_exact, check_exact_options
@@ -1049,7 +1051,15 @@ class LinearTargetLoss(nn.Module):
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
         half_matmul: multiply half-precision inputs in half precision (faster, less exact).
+        z_loss: coefficient ``z >= 0`` of PaLM's z-loss, ``z lse^2`` added per token (default 0).
+        backend: ``"auto"``, ``"triton"`` (the Triton kernels of
+            :mod:`lightning_losses.kernels.linear_head`) or ``"torch"``; see
+            :func:`~lightning_losses.functional.linear_target_loss`.
         validate_args: check target values (one device synchronisation).
+
+    ``forward(..., token_weight=u)`` weighs token ``i``'s loss by ``u_i`` (finite, ``>= 0``,
+    the shape of ``target``); ``"mean"`` then divides by ``sum_i u_i c_{t_i}`` over the
+    non-ignored tokens (``c`` the class weights, 1 without them).
 
     Raises:
         ValueError: unknown ``loss``, a hyper-parameter ``loss`` does not take, or a value out
@@ -1083,6 +1093,8 @@ class LinearTargetLoss(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         half_matmul: bool = False,
+        z_loss: float = 0.0,
+        backend: str = "auto",
         validate_args: bool = True,
     ) -> None:
         super().__init__()
@@ -1107,6 +1119,8 @@ class LinearTargetLoss(nn.Module):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.half_matmul = half_matmul
+        self.z_loss = z_loss
+        self.backend = backend
         self.validate_args = validate_args
         self.check_hyperparameters()
 
@@ -1136,9 +1150,16 @@ class LinearTargetLoss(nn.Module):
         )
         check_chunk_size(self.chunk_size)
         check_flag("half_matmul", self.half_matmul)
+        check_real("z_loss", self.z_loss, low=0.0)
+        check_choice("backend", self.backend, ("auto", "triton", "torch"))
 
     def forward(
-        self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None
+        self,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        bias: Tensor | None = None,
+        token_weight: Tensor | None = None,
     ) -> Tensor:
         """The loss of the head ``hidden @ weight.T + bias`` for ``target``, chunk by chunk."""
         return LF.linear_target_loss(
@@ -1152,6 +1173,9 @@ class LinearTargetLoss(nn.Module):
             ignore_index=self.ignore_index,
             reduction=self.reduction,
             half_matmul=self.half_matmul,
+            token_weight=token_weight,
+            z_loss=self.z_loss,
+            backend=self.backend,
             validate_args=self.validate_args,
             **self.hyperparameters(),
         )
@@ -1161,4 +1185,6 @@ class LinearTargetLoss(nn.Module):
         shown = {"loss": self.loss, **self.hyperparameters(), "reduction": self.reduction}
         if _is_zero(shown.get("label_smoothing")):
             del shown["label_smoothing"]
+        if not _is_zero(self.z_loss):
+            shown["z_loss"] = self.z_loss
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())

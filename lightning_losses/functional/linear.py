@@ -27,21 +27,33 @@ family (TaiLr's gamma-CE, focal loss, Poly-1).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_losses.functional._core import Phi, compute_dtype
+from lightning_losses.functional._core import Phi
+from lightning_losses.functional._linear_chunks import (
+    CHUNK_BYTES,
+    MIN_CHUNK_ROWS,
+    Grads,
+    Head,
+    Terms,
+    backward_chunks,
+    default_chunk_size,
+    exp_floor,
+    forward_chunks,
+    reduce_rows,
+)
 from lightning_losses.functional.checks import (
     check_class_indices,
     check_class_weights,
     check_finite,
     check_ignore_index,
     check_int,
+    check_real,
     check_reduction,
     check_same_device,
 )
@@ -57,7 +69,9 @@ from lightning_losses.functional.target_probability import (
 )
 
 __all__ = [
+    "CHUNK_BYTES",
     "LINEAR_TARGET_LOSSES",
+    "MIN_CHUNK_ROWS",
     "default_chunk_size",
     "linear_prediction_statistics",
     "linear_target_loss",
@@ -84,13 +98,6 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "hard_truncated": check_hard_truncated,
     "poly1": check_poly1,
 }
-
-#: Bytes of one chunk's float32 logits that :func:`default_chunk_size` aims at.
-CHUNK_BYTES = 64 * 2**20
-#: Fewest rows per chunk (unless ``hidden_size / 2`` is smaller): each chunk adds its
-#: contribution to the whole ``[V, H]`` weight gradient, a pass over ``V * H`` numbers that
-#: only a few hundred rows amortise.
-MIN_CHUNK_ROWS = 256
 
 
 def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, dict[str, Any]]:
@@ -134,42 +141,6 @@ def resolve_loss(loss: str, hyperparameters: Mapping[str, Any]) -> tuple[Phi, di
         for name, value in values.items()
     }
     return FAMILY[loss], resolved
-
-
-def default_chunk_size(
-    num_rows: int,
-    vocab_size: int,
-    hidden_size: int | None = None,
-    *,
-    chunk_bytes: int = CHUNK_BYTES,
-) -> int:
-    """Rows per chunk: at most 64 MiB of float32 logits and ``H`` rows, at least a few hundred.
-
-    ``rows = max(min(chunk_bytes / (4 V), H), min(256, H / 2))``, rounded down to a power of
-    two and clipped to ``[1, num_rows]`` (without ``hidden_size`` the cap ``H`` is dropped and
-    the floor is 256). Each chunk costs three matrix products and one pass over the ``[V, H]``
-    weight gradient (``addmm`` of the chunk's contribution), so small chunks are slow:
-    measured on a 2-core CPU with one thread and H=512, 32 rows took 2.3x the time of 256 rows
-    at V=128000 (N=2048), and 128 rows 1.07x the time of 512 at V=32000 (N=8192). The caps
-    keep the logits buffer no larger than the weight gradient (``4 V H`` bytes, which any
-    chunking must hold) and than 64 MiB; the floor keeps large vocabularies fast, at a buffer
-    of at most half the weight gradient.
-
-    Example:
-        >>> default_chunk_size(8192, 32000, 512), default_chunk_size(8192, 128000, 512)
-        (512, 256)
-        >>> default_chunk_size(2048, 8000, 256), default_chunk_size(10, 32000)
-        (256, 10)
-        >>> default_chunk_size(8192, 10**9, 64)
-        32
-    """
-    budget = max(1, chunk_bytes // (4 * max(vocab_size, 1)))
-    if hidden_size is None:
-        rows = max(budget, MIN_CHUNK_ROWS)
-    else:
-        rows = max(min(budget, hidden_size), min(MIN_CHUNK_ROWS, hidden_size // 2), 1)
-    rows = 1 << (rows.bit_length() - 1)
-    return max(1, min(rows, num_rows))
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -263,334 +234,27 @@ def _check_target(target: Tensor, hidden: Tensor) -> None:
         )
 
 
-# --- the chunked computation --------------------------------------------------------------------
-
-
-@dataclass
-class _Head:
-    """One call's rows, in the compute dtype, and how to walk them chunk by chunk.
-
-    ``rows`` holds the indices of the non-ignored rows, or is ``None`` when every row counts
-    (then chunks are plain slices and nothing is copied). ``dtype`` is that of the softmax and
-    of the sums (float32 at least); ``matmul_dtype`` that of the matrix products: ``dtype``, or
-    the inputs' half precision with ``half_matmul`` (then ``half_buffer`` holds a chunk's
-    logits and gradient in it).
-    """
-
-    hidden: Tensor  # [N, H], input dtype
-    weight: Tensor  # [V, H], matmul dtype
-    bias: Tensor | None  # [V], compute dtype
-    target: Tensor  # [N]
-    rows: Tensor | None
-    count: int
-    dtype: torch.dtype
-    matmul_dtype: torch.dtype
-    chunk_size: int
-    half_buffer: Tensor | None = None
-    row_weight: Tensor | None = None  # [count] class weight of each counted row
-    total_weight: float = 0.0  # what "mean" divides by: the count, or the sum of row_weight
-    class_weight: Tensor | None = None  # [V] in dtype, for the label-smoothing term
-    class_weight_sum: float = 0.0  # W = sum of class_weight, or V without it
-
-    @classmethod
-    def build(
-        cls,
-        hidden: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        target: Tensor,
-        ignore_index: int,
-        chunk_size: int | None,
-        half_matmul: bool = False,
-        class_weight: Tensor | None = None,
-    ) -> _Head:
-        input_dtype = torch.promote_types(hidden.dtype, weight.dtype)
-        dtype = compute_dtype(input_dtype)
-        if bias is not None:
-            dtype = torch.promote_types(dtype, bias.dtype)
-        matmul_dtype = input_dtype if half_matmul and input_dtype.itemsize < 4 else dtype
-        valid = target != ignore_index
-        count = int(valid.sum())
-        rows = None if count == target.numel() else valid.nonzero().squeeze(1)
-        if chunk_size is None:
-            chunk_size = default_chunk_size(max(count, 1), weight.shape[0], weight.shape[1])
-        head = cls(
-            hidden=hidden,
-            weight=weight.to(matmul_dtype),
-            bias=None if bias is None else bias.to(dtype),
-            target=target,
-            rows=rows,
-            count=count,
-            dtype=dtype,
-            matmul_dtype=matmul_dtype,
-            chunk_size=chunk_size,
-        )
-        if matmul_dtype != dtype and count > 0:
-            head.half_buffer = head.logits_buffer(matmul_dtype)
-        head.total_weight = float(count)
-        head.class_weight_sum = float(weight.shape[0])
-        if class_weight is not None:
-            head.class_weight = class_weight.to(dtype)
-            head.class_weight_sum = float(head.class_weight.sum())
-            counted = target if rows is None else target.index_select(0, rows)
-            head.row_weight = head.class_weight.index_select(0, counted)
-            head.total_weight = float(head.row_weight.sum()) if count > 0 else 0.0
-        return head
-
-    def chunks(self) -> Iterator[tuple[int, int, Tensor | None, Tensor, Tensor]]:
-        """``(start, size, row_index, hidden_chunk, target_chunk)`` over the counted rows."""
-        for start in range(0, self.count, self.chunk_size):
-            size = min(self.chunk_size, self.count - start)
-            if self.rows is None:
-                index = None
-                hidden = self.hidden.narrow(0, start, size)
-                target = self.target.narrow(0, start, size)
-            else:
-                index = self.rows.narrow(0, start, size)
-                hidden = self.hidden.index_select(0, index)
-                target = self.target.index_select(0, index)
-            yield start, size, index, hidden.to(self.matmul_dtype), target
-
-    def logits_buffer(self, dtype: torch.dtype | None = None) -> Tensor:
-        rows = min(self.chunk_size, max(self.count, 1))
-        shape = (rows, self.weight.shape[0])
-        return torch.empty(shape, dtype=dtype or self.dtype, device=self.weight.device)
-
-    def logits(self, hidden: Tensor, out: Tensor) -> Tensor:
-        """``hidden @ weight.T + bias`` into ``out`` (in ``dtype``)."""
-        if self.half_buffer is None:
-            torch.mm(hidden, self.weight.t(), out=out)
-        else:
-            out.copy_(torch.mm(hidden, self.weight.t(), out=self.half_buffer[: out.shape[0]]))
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out
-
-    def to_matmul(self, grad_logits: Tensor) -> Tensor:
-        """A chunk's logit gradient in ``matmul_dtype`` (in ``half_buffer`` when half)."""
-        if self.half_buffer is None:
-            return grad_logits
-        return self.half_buffer[: grad_logits.shape[0]].copy_(grad_logits)
-
-
-@dataclass
-class _Grads:
-    """Gradient accumulators (``None`` where not wanted).
-
-    Hidden in its dtype, others in the compute dtype until :meth:`finish`.
-    """
-
-    hidden: Tensor | None
-    weight: Tensor | None
-    bias: Tensor | None
-
-    @classmethod
-    def zeros(cls, head: _Head, needs: tuple[bool, ...]) -> _Grads:
-        hidden, device = head.hidden, head.hidden.device
-        grad_hidden = None
-        if needs[0]:
-            make = torch.empty if head.rows is None else torch.zeros
-            grad_hidden = make(hidden.shape, dtype=hidden.dtype, device=device)
-        grad_weight = None
-        if needs[1]:
-            grad_weight = torch.zeros(head.weight.shape, dtype=head.dtype, device=device)
-        grad_bias = None
-        if needs[2] and head.bias is not None:
-            grad_bias = torch.zeros_like(head.bias)
-        return cls(grad_hidden, grad_weight, grad_bias)
-
-    def add_chunk(
-        self, head: _Head, grad_logits: Tensor, hidden: Tensor, start: int, index: Tensor | None
-    ) -> None:
-        """Add one chunk's contribution, given ``dL/dlogits`` of its rows (in ``dtype``)."""
-        if self.bias is not None:
-            self.bias.add_(grad_logits.sum(0))
-        grad = head.to_matmul(grad_logits)
-        if self.hidden is not None:
-            size = grad.shape[0]
-            if index is None and self.hidden.dtype == grad.dtype:
-                torch.mm(grad, head.weight, out=self.hidden.narrow(0, start, size))
-            elif index is None:
-                self.hidden.narrow(0, start, size).copy_(grad @ head.weight)
-            else:
-                self.hidden.index_copy_(0, index, (grad @ head.weight).to(self.hidden.dtype))
-        if self.weight is not None:
-            if grad.dtype == self.weight.dtype:
-                self.weight.addmm_(grad.t(), hidden)
-            else:  # half products, summed over the chunks in float32
-                self.weight.add_(grad.t() @ hidden)
-
-    def finish(self, weight: Tensor, bias: Tensor | None) -> _Grads:
-        """Cast the accumulators to the dtypes of ``weight`` and ``bias``."""
-        grad_weight = None if self.weight is None else self.weight.to(weight.dtype)
-        grad_bias = None if self.bias is None or bias is None else self.bias.to(bias.dtype)
-        return _Grads(self.hidden, grad_weight, grad_bias)
-
-
-def _exp_floor(dtype: torch.dtype) -> float:
-    """Lowest shifted logit passed to ``exp``: ``log(sqrt(tiny))`` (-43.7 in float32).
-
-    Logits more than that below a row's maximum have probabilities under ``sqrt(tiny)``
-    (1e-19 in float32); raising them to it changes the softmax's sum by less than ``V *
-    sqrt(tiny)``, far below rounding, but keeps subnormal numbers out of ``exp`` and of the
-    matrix products of the gradient, where x86 CPUs run up to 10x slower (measured: 2.5 s
-    instead of 0.29 s for N=2048, H=256, V=8000 with logits of standard deviation 16).
-    """
-    return 0.5 * math.log(torch.finfo(dtype).tiny)
-
-
-def _subtract_onehot(grad_logits: Tensor, target: Tensor, g: Tensor) -> None:
-    grad_logits.scatter_add_(1, target.unsqueeze(1), -g.unsqueeze(1))
-
-
-def _smoothing_offset(head: _Head, factor: float) -> Tensor:
-    """``-factor * w`` (``[V]``), or ``-factor`` as a 0-d tensor without class weights."""
-    if head.class_weight is None:
-        return torch.full((), -factor, dtype=head.dtype, device=head.weight.device)
-    return head.class_weight * -factor
-
-
-def _row_sum_weight(head: _Head) -> Tensor:
-    """``w`` ``[V]`` of the smoothing term ``sum_c w_c z_c``: the class weights, or ones.
-
-    A matrix-vector product with it sums the rows fastest.
-    """
-    if head.class_weight is not None:
-        return head.class_weight
-    return torch.ones(head.weight.shape[0], dtype=head.dtype, device=head.hidden.device)
-
-
-def _forward_chunks(
-    head: _Head,
-    phi: Phi,
-    hyperparameters: dict[str, Any],
-    *,
-    label_smoothing: float = 0.0,
-    grads: _Grads | None = None,
-    scale: float = 1.0,
-    keep_for_backward: bool = False,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Loss of each counted row; with ``grads``, also accumulate ``scale`` times the gradients.
-
-    With ``label_smoothing = eps`` a row's loss is ``(1 - eps) w_t phi(log p_t) + eps / V
-    sum_c w_c (-log p_c)``; the sum is ``W log(denominator) - sum_c w_c z_c`` with ``z`` the
-    shifted logits (all terms ``>= 0``: no cancellation), and its gradient ``W softmax - w``
-    joins the softmax's scaling in one pass over the chunk.
-
-    Returns ``(values [count], lse, derivative)``; the last two (``[count]`` each) only with
-    ``keep_for_backward`` (the derivative then includes ``(1 - eps) w_t``).
-    """
-    device = head.hidden.device
-    values = torch.empty(head.count, dtype=head.dtype, device=device)
-    lse = torch.empty_like(values) if keep_for_backward else None
-    derivatives = torch.empty_like(values) if keep_for_backward else None
-    if head.count == 0:
-        return values, lse, derivatives
-    buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
-    smooth_factor = label_smoothing / head.weight.shape[0]
-    offset = _smoothing_offset(head, smooth_factor * scale) if label_smoothing else None
-    row_sum_weight = _row_sum_weight(head) if label_smoothing else None
-    for start, size, index, hidden, target in head.chunks():
-        logits = head.logits(hidden, buffer.narrow(0, 0, size))
-        shift = logits.amax(1, keepdim=True)
-        logits.sub_(shift)
-        target_logit = logits.gather(1, target.unsqueeze(1)).squeeze(1)
-        if row_sum_weight is not None:  # sum_c w_c z_c, before the logits turn into exponentials
-            weighted_sum = torch.mv(logits, row_sum_weight)
-        denominator = logits.clamp_(min=floor).exp_().sum(1)
-        log_denominator = denominator.log()
-        value, derivative = phi(target_logit - log_denominator, **hyperparameters)
-        if head.row_weight is not None:
-            row_weight = head.row_weight.narrow(0, start, size)
-            value, derivative = value * row_weight, derivative * row_weight
-        if label_smoothing:
-            smooth = head.class_weight_sum * log_denominator - weighted_sum
-            value = (1.0 - label_smoothing) * value + smooth_factor * smooth
-            derivative = (1.0 - label_smoothing) * derivative
-        values.narrow(0, start, size).copy_(value)
-        if lse is not None and derivatives is not None:  # keep_for_backward
-            lse.narrow(0, start, size).copy_(shift.squeeze(1) + log_denominator)
-            derivatives.narrow(0, start, size).copy_(derivative)
-        if grads is not None:
-            g = derivative * -scale
-            if offset is not None:  # softmax (g + s W) - s w, s = scale eps / V: one pass
-                factor = (g + smooth_factor * scale * head.class_weight_sum) / denominator
-                torch.addcmul(offset, logits, factor.unsqueeze(1), out=logits)
-            else:
-                logits.mul_((g / denominator).unsqueeze(1))  # g * softmax
-            _subtract_onehot(logits, target, g)
-            grads.add_chunk(head, logits, hidden, start, index)
-    return values, lse, derivatives
-
-
-def _backward_chunks(
-    head: _Head,
-    lse: Tensor,
-    derivatives: Tensor,
-    grad_rows: Tensor,
-    grads: _Grads,
-    label_smoothing: float = 0.0,
-) -> None:
-    """Recompute each chunk's softmax from ``lse`` and accumulate the gradients.
-
-    The per-row upstream gradient is ``grad_rows`` ``[count]`` (with the smoothing term's
-    ``s_i (W softmax - w)``, ``s_i = grad_i eps / V``, when ``label_smoothing = eps``).
-    """
-    if head.count == 0:
-        return
-    buffer, floor = head.logits_buffer(), _exp_floor(head.dtype)
-    grad_rows = grad_rows.to(head.dtype)
-    g_all = derivatives * -grad_rows
-    s_all = grad_rows * (label_smoothing / head.weight.shape[0])
-    for start, size, index, hidden, target in head.chunks():
-        logits = head.logits(hidden, buffer.narrow(0, 0, size))
-        logits.sub_(lse.narrow(0, start, size).unsqueeze(1)).clamp_(min=floor).exp_()
-        g = g_all.narrow(0, start, size)
-        if not label_smoothing:
-            logits.mul_(g.unsqueeze(1))
-        else:
-            s = s_all.narrow(0, start, size).unsqueeze(1)
-            factor = g.unsqueeze(1) + s * head.class_weight_sum
-            if head.class_weight is None:
-                torch.addcmul(-s, logits, factor, out=logits)
-            else:
-                logits.mul_(factor).addr_(s.squeeze(1), head.class_weight, alpha=-1)
-        _subtract_onehot(logits, target, g)
-        grads.add_chunk(head, logits, hidden, start, index)
-
-
-def _scatter_rows(head: _Head, values: Tensor) -> Tensor:
-    """Per-row values over all ``N`` rows (0 where ignored)."""
-    if head.rows is None:
-        return values
-    full = torch.zeros(head.target.shape[0], dtype=values.dtype, device=values.device)
-    return full.index_copy_(0, head.rows, values)
-
-
-def _reduce(head: _Head, values: Tensor, reduction: str) -> Tensor:
-    if reduction == "none":
-        return _scatter_rows(head, values)
-    total = values.sum()
-    if reduction == "mean" and head.total_weight > 0:
-        return total / head.total_weight
-    return total
-
-
 @dataclass(frozen=True)
 class _Spec:
-    phi: Phi
-    hyperparameters: dict[str, Any]
+    terms: Terms
     reduction: str
     ignore_index: int
     chunk_size: int | None
     needs: tuple[bool, bool, bool]
     half_matmul: bool
     class_weight: Tensor | None = None
-    label_smoothing: float = 0.0
+    kernels: bool = False
 
-    def head(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor) -> _Head:
+    def head(
+        self,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        token_weight: Tensor | None,
+    ) -> Head:
         """The rows of one call, as this spec walks them."""
-        return _Head.build(
+        return Head.build(
             hidden,
             weight,
             bias,
@@ -599,6 +263,8 @@ class _Spec:
             self.chunk_size,
             self.half_matmul,
             self.class_weight,
+            token_weight,
+            self.kernels,
         )
 
 
@@ -606,7 +272,7 @@ class _LinearTargetLoss(torch.autograd.Function):
     """Autograd of the chunked loss.
 
     Gradients come from the forward pass (mean / sum), or are recomputed chunk by chunk in the
-    backward pass (none).
+    backward pass (none). ``token_weight`` gets no gradient.
     """
 
     @staticmethod
@@ -616,48 +282,36 @@ class _LinearTargetLoss(torch.autograd.Function):
         weight: Tensor,
         bias: Tensor | None,
         target: Tensor,
+        token_weight: Tensor | None,
         spec: _Spec,
     ) -> Tensor:
         ctx.spec = spec
         with torch.autocast(hidden.device.type, enabled=False):
-            head = spec.head(hidden, weight, bias, target)
+            head = spec.head(hidden, weight, bias, target, token_weight)
             if spec.reduction == "none":
-                values, lse, derivatives = _forward_chunks(
-                    head,
-                    spec.phi,
-                    spec.hyperparameters,
-                    label_smoothing=spec.label_smoothing,
-                    keep_for_backward=True,
-                )
-                ctx.save_for_backward(hidden, weight, bias, target, lse, derivatives)
-                return _reduce(head, values, "none")
+                values, lse, derivatives = forward_chunks(head, spec.terms, keep_for_backward=True)
+                ctx.save_for_backward(hidden, weight, bias, target, token_weight, lse, derivatives)
+                return reduce_rows(head, values, "none")
             mean = spec.reduction == "mean" and head.total_weight > 0
             scale = 1.0 / head.total_weight if mean else 1.0
-            grads = _Grads.zeros(head, spec.needs)
-            values, _, _ = _forward_chunks(
-                head,
-                spec.phi,
-                spec.hyperparameters,
-                label_smoothing=spec.label_smoothing,
-                grads=grads,
-                scale=scale,
-            )
+            grads = Grads.zeros(head, spec.needs)
+            values, _, _ = forward_chunks(head, spec.terms, grads=grads, scale=scale)
             ctx.grads = grads.finish(weight, bias)
-            return _reduce(head, values, spec.reduction)
+            return reduce_rows(head, values, spec.reduction)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
         spec: _Spec = ctx.spec
         if spec.reduction == "none":
-            hidden, weight, bias, target, lse, derivatives = ctx.saved_tensors
+            hidden, weight, bias, target, token_weight, lse, derivatives = ctx.saved_tensors
             with torch.autocast(grad_output.device.type, enabled=False):
-                head = spec.head(hidden, weight, bias, target)
+                head = spec.head(hidden, weight, bias, target, token_weight)
                 grad_rows = grad_output.reshape(-1)
                 if head.rows is not None:
                     grad_rows = grad_rows.index_select(0, head.rows)
-                grads = _Grads.zeros(head, ctx.needs_input_grad[:3])
-                _backward_chunks(head, lse, derivatives, grad_rows, grads, spec.label_smoothing)
+                grads = Grads.zeros(head, ctx.needs_input_grad[:3])
+                backward_chunks(head, spec.terms, lse, derivatives, grad_rows, grads)
                 grads = grads.finish(weight, bias)
         else:
             grads = ctx.grads
@@ -672,7 +326,52 @@ class _LinearTargetLoss(torch.autograd.Function):
             for grad in (grads.hidden, grads.weight, grads.bias):
                 if grad is not None:
                     grad.mul_(grad_output)
-        return grads.hidden, grads.weight, grads.bias, None, None
+        return grads.hidden, grads.weight, grads.bias, None, None, None
+
+
+def _check_token_weight(token_weight: Any, target: Tensor, validate_args: bool) -> Tensor | None:
+    """``token_weight``: ``None`` or a float tensor of ``target``'s shape; finite and ``>= 0``."""
+    if token_weight is None:
+        return None
+    if not isinstance(token_weight, Tensor) or not token_weight.is_floating_point():
+        got = (
+            token_weight.dtype if isinstance(token_weight, Tensor) else type(token_weight).__name__
+        )
+        raise TypeError(f"token_weight must be a floating-point tensor; got {got}")
+    if tuple(token_weight.shape) != tuple(target.shape):
+        raise ValueError(
+            f"token_weight must have the shape of target, {list(target.shape)}; "
+            f"got {list(token_weight.shape)}"
+        )
+    check_same_device("token_weight", token_weight, "target", target)
+    if validate_args and token_weight.numel() > 0:
+        bad = ~((token_weight >= 0) & torch.isfinite(token_weight))
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"token_weight must be finite and >= 0; found {token_weight[index].item()!r} "
+                f"at token_weight{list(index)}"
+            )
+    return token_weight.detach().reshape(-1)
+
+
+def _use_kernels(backend: str, hidden: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether ``backend`` runs the head's Triton kernels for these inputs (see ``backend``)."""
+    from lightning_losses.kernels.availability import KERNEL_DTYPES, use_kernels
+
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+    if backend == "torch":
+        return False
+    dtypes = [t.dtype for t in (hidden, weight, bias) if t is not None]
+    if any(dtype not in KERNEL_DTYPES for dtype in dtypes):
+        if backend == "auto":
+            return False
+        raise RuntimeError(
+            "backend='triton' reads float32, float16 or bfloat16 hidden, weight and bias; got "
+            f"{', '.join(str(d) for d in dtypes)} (use backend='torch' or 'auto')"
+        )
+    return use_kernels(hidden, backend)
 
 
 def linear_target_loss(
@@ -687,6 +386,9 @@ def linear_target_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     half_matmul: bool = False,
+    token_weight: Tensor | None = None,
+    z_loss: float = 0.0,
+    backend: str = "auto",
     validate_args: bool = True,
     **hyperparameters: Any,
 ) -> Tensor:
@@ -730,6 +432,27 @@ def linear_target_loss(
     The loss is returned in float32 and the gradients in the inputs' dtypes. Autocast is
     disabled inside.
 
+    Per-token weights and z-loss: with ``token_weight = u`` and ``z_loss = z`` the loss of
+    row ``i`` is ``u_i (l_i + z lse_i^2)``, ``l_i`` the loss above (class weight and label
+    smoothing included) and ``lse_i = logsumexp(x_i)``; z-loss is PaLM's auxiliary term
+    (gradient ``2 z lse_i softmax(x_i)``), which keeps the log-normaliser near 0.
+    ``"mean"`` divides the sum of these by ``sum_i u_i c_{t_i}`` over the non-ignored rows
+    (``c`` the class weights, 1 without them): ``sum_i u_i loss_i / sum_i u_i`` without class
+    weights, the plain mean with neither (0, with zero gradient, when the divisor is 0).
+    ``token_weight`` gets no gradient.
+
+    Backends: ``"torch"`` runs every pass over a chunk's logits with torch operations;
+    ``"triton"`` runs them with the two Triton kernels of
+    :mod:`lightning_losses.kernels.linear_head` (one statistics pass, one gradient pass
+    that overwrites the chunk's logits; the matrix products stay torch's, so the head is
+    Liger-Kernel's chunked design; deterministic under
+    ``torch.use_deterministic_algorithms(True)``, no atomics), on CUDA tensors or on CPU
+    tensors under ``TRITON_INTERPRET=1``; ``"auto"`` picks the kernels only where
+    :func:`~lightning_losses.kernels.availability.use_kernels` does (CUDA tensors of float32,
+    float16 or bfloat16, Triton installed and
+    :data:`~lightning_losses.kernels.availability.AUTO_USES_KERNELS` on), the torch path
+    elsewhere. Both give the same values and gradients up to float32 rounding.
+
     Sources: TaiLr (Ji et al., ICLR 2023) for ``gamma_ce``, which was made for text
     generation; focal loss (Lin et al., 2017); Poly-1 (Leng et al., "PolyLoss", ICLR 2022);
     PyTorch's chunked ``linear_cross_entropy`` for the chunking.
@@ -756,8 +479,14 @@ def linear_target_loss(
             products in that precision (faster where the hardware has half matrix units: 1.75x
             for bfloat16 on a CPU with AMX; logits and gradients then carry half rounding).
             No effect on float32 and float64 inputs.
+        token_weight: optional float weight per token, of ``target``'s shape, finite and
+            ``>= 0``: multiplies the token's loss and gradient (see above for ``"mean"``).
+        z_loss: coefficient ``z >= 0`` of the z-loss term ``z lse^2`` per token (default 0).
+        backend: ``"auto"`` (default), ``"triton"`` or ``"torch"`` (see above).
+            ``"triton"`` raises a ``RuntimeError`` where the kernels cannot run.
         validate_args: check target values, that ``hidden``, ``weight`` and ``bias`` are
-            finite and that ``class_weight`` is finite and ``>= 0`` (device synchronisations).
+            finite and that ``class_weight`` and ``token_weight`` are finite and ``>= 0``
+            (device synchronisations).
             Finding the non-ignored rows synchronises once in any case.
         **hyperparameters: the loss's keywords above (``label_smoothing`` for ``ce`` and
             ``gamma_ce``), checked as in the plain-logits loss.
@@ -777,13 +506,21 @@ def linear_target_loss(
         >>> linear_target_loss(hidden, weight, target, loss="ce", label_smoothing=0.3,
         ...                    reduction="none")
         tensor([0.6395, 1.0986])
+        >>> linear_target_loss(hidden, weight, target, loss="ce", z_loss=0.01, reduction="none")
+        tensor([0.2897, 1.1107])
+        >>> linear_target_loss(hidden, weight, target, loss="ce",  # (3 * 0.2395 + 1.0986) / 4
+        ...                    token_weight=torch.tensor([3.0, 1.0]))
+        tensor(0.4543)
     """  # noqa: E501
     check_reduction(reduction)
     phi, resolved = resolve_loss(loss, hyperparameters)
     label_smoothing = resolved.pop("label_smoothing", 0.0)
     check_chunk_size(chunk_size)
+    z_loss = check_real("z_loss", z_loss, low=0.0)
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args)
+    kernels = _use_kernels(backend, hidden, weight, bias)
     class_weight = _check_class_weight(class_weight, weight, validate_args)
+    token_weight = _check_token_weight(token_weight, target, validate_args)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_target = target.reshape(-1)
     grad_enabled = torch.is_grad_enabled()
@@ -793,23 +530,22 @@ def linear_target_loss(
         grad_enabled and bias is not None and bias.requires_grad,
     )
     spec = _Spec(
-        phi,
-        resolved,
+        Terms(phi, resolved, label_smoothing, z_loss),
         reduction,
         ignore_index,
         chunk_size,
         needs,
         bool(half_matmul),
         class_weight,
-        label_smoothing,
+        kernels,
     )
     if any(needs):
-        result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, spec)
+        result = _LinearTargetLoss.apply(flat_hidden, weight, bias, flat_target, token_weight, spec)
     else:
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-            head = spec.head(flat_hidden, weight, bias, flat_target)
-            values, _, _ = _forward_chunks(head, phi, resolved, label_smoothing=label_smoothing)
-            result = _reduce(head, values, reduction)
+            head = spec.head(flat_hidden, weight, bias, flat_target, token_weight)
+            values, _, _ = forward_chunks(head, spec.terms)
+            result = reduce_rows(head, values, reduction)
     return result.reshape(target.shape) if reduction == "none" else result
 
 
@@ -853,7 +589,7 @@ def linear_prediction_statistics(
     """
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args=False)
     with torch.autocast(hidden.device.type, enabled=False):
-        head = _Head.build(
+        head = Head.build(
             hidden.reshape(-1, hidden.shape[-1]),
             weight,
             bias,
@@ -873,7 +609,7 @@ def linear_prediction_statistics(
             top, prediction = logits.max(1, keepdim=True)
             logits.sub_(top)
             target_logit = logits.gather(1, chunk_target.unsqueeze(1)).squeeze(1)
-            denominator = logits.clamp_(min=_exp_floor(head.dtype)).exp_().sum(1)
+            denominator = logits.clamp_(min=exp_floor(head.dtype)).exp_().sum(1)
             log_p.narrow(0, start, size).copy_(target_logit - denominator.log())
             confidence.narrow(0, start, size).copy_(denominator.reciprocal())
             correct.narrow(0, start, size).copy_(prediction.squeeze(1) == chunk_target)
