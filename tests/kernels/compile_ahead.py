@@ -13,6 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from lightning_losses.kernels import linear_head
 from lightning_losses.kernels.target_probability import kernel
 
 ROWS = {"rows": "i32", "columns": "i32", "stride": "i32"}
@@ -58,6 +59,60 @@ KERNELS = [
 #: (BLOCK_N, BLOCK_C, num_warps) of a short-row and a long-row launch
 BLOCKS = [(4, 1024, 4), (1, 4096, 8)]
 
+#: The linear head's kernels (lightning_losses/kernels/linear_head.py): logits of each dtype.
+HEAD_STATISTICS = {
+    "logits_ptr": "{dtype}",
+    "bias_ptr": "*fp32",
+    "weight_ptr": "*fp32",
+    "target_ptr": "*i64",
+    "lse_ptr": "*fp32",
+    "target_logit_ptr": "*fp32",
+    "smooth_ptr": "*fp32",
+    "total_ptr": "*fp32",
+    **ROWS,
+}
+HEAD_GRADIENT = {
+    "logits_ptr": "{dtype}",
+    "bias_ptr": "*fp32",
+    "weight_ptr": "*fp32",
+    "target_ptr": "*i64",
+    "lse_ptr": "*fp32",
+    "a_ptr": "*fp32",
+    "b_ptr": "*fp32",
+    "g_ptr": "*fp32",
+    "grad_ptr": "{dtype}",
+    **ROWS,
+    "grad_stride": "i32",
+}
+HEAD_FLAGS = ("HAS_BIAS", "HAS_WEIGHT", "SMOOTHING")
+#: (dtype, all flags on): float32 with the flags off and on, the half dtypes with them on (the
+#: head's chunks are long rows: one launch shape, a row of 4096 columns per step)
+HEAD_BUILDS = [("*fp32", False), ("*fp32", True), ("*bf16", True), ("*fp16", True)]
+
+
+def compile_head() -> None:
+    """Compile the head's two kernels for each of :data:`HEAD_BUILDS` and architecture."""
+    for name, signature in (("statistics", HEAD_STATISTICS), ("gradient", HEAD_GRADIENT)):
+        fn = linear_head.kernel(name, interpret=False)
+        for dtype, on in HEAD_BUILDS:
+            constexprs = {**dict.fromkeys(HEAD_FLAGS, on), "BLOCK_N": 1, "BLOCK_C": 4096}
+            full = {k: v.format(dtype=dtype) for k, v in signature.items()}
+            full.update(dict.fromkeys(constexprs, "constexpr"))
+            for arch in (80, 90):
+                source = ASTSource(fn=fn, signature=full, constexprs=constexprs)
+                compiled = triton.compile(
+                    source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8}
+                )
+                line = {
+                    "kernel": f"head_{name}",
+                    "dtype": dtype,
+                    "variant": "all on" if on else "all off",
+                    "arch": arch,
+                    "cubin": len(compiled.asm["cubin"]),
+                    "ptx": len(compiled.asm["ptx"]),
+                }
+                print(json.dumps(line), flush=True)
+
 
 def main() -> None:
     """Compile each kernel x dtype x variant x architecture and print its sizes."""
@@ -83,6 +138,7 @@ def main() -> None:
                         "ptx": len(compiled.asm["ptx"]),
                     }
                     print(json.dumps(line), flush=True)
+    compile_head()
 
 
 if __name__ == "__main__":
