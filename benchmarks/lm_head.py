@@ -7,6 +7,7 @@ Usage::
     python benchmarks/lm_head.py --shapes 4096x1024x50257 --dtype bfloat16 --threads 1
     python benchmarks/lm_head.py --markdown            # the README table
     python benchmarks/lm_head.py --device cuda --shapes 32768x1024x128000 --max-plain-gib 64
+    python benchmarks/lm_head.py --device cuda --backend torch triton --peers   # + Liger, CCE
 
 Every candidate is one forward + backward of a loss of ``logits = hidden @ weight.T`` with
 ``hidden [N, H]`` and ``weight [V, H]`` requiring gradients:
@@ -20,7 +21,22 @@ Every candidate is one forward + backward of a loss of ``logits = hidden @ weigh
   cross-entropy with ``reduction="none"`` and the family's ``phi`` applied to ``log p = -CE``;
 - ``ours <loss>``: :func:`lightning_losses.functional.linear_target_loss` for every member of
   the family (``reduction="mean"``, the chunk size it picks itself), and ``focal`` with
-  ``reduction="none"`` then ``.mean()`` (recomputes in backward; not a target).
+  ``reduction="none"`` then ``.mean()`` (recomputes in backward; not a target); with
+  ``--backend torch triton`` each of them once per backend (``[torch]``, ``[triton]``: the
+  Triton chunk kernels of ``lightning_losses/kernels/linear_head.py``), with one backend (the
+  default ``auto``) under the plain names;
+- with ``--peers``, the other fused heads where they import (each left out with a printed reason
+  otherwise): Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss``, Apple's cut-cross-entropy
+  (``cce``, and ``cce_exact``: ``filter_eps=None``, no gradient filtering), a
+  ``torch.compile``d chunked CE (4096 rows a chunk, each chunk checkpointed so that its logits
+  are recomputed in the backward), and PyTorch's ``F.linear_cross_entropy`` (above) where this
+  torch has it.
+
+``--grad-error`` (default on with ``--peers``) prints, per candidate, the relative error
+``||g - g64|| / ||g64||`` of the gradients of ``hidden`` and ``weight`` against a float64
+reference from the full logits (``F.cross_entropy`` of the family member's plain-logits
+formula in float64 for ours; plain CE for the peers), on the first ``--grad-rows`` rows (2048)
+of the same inputs: the float32 runs are the ones the issue's ``1e-4`` applies to.
 
 Times are the median of ``--repeats`` calls after one warm-up, the candidates interleaved in
 each repetition so that drift of a shared machine hits them alike. Peak memory is measured for
@@ -45,19 +61,21 @@ of the table and named below it. ``--max-plain-gib`` still decides whether the p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from peak_memory import reset_peak, status_bytes
 
 from lightning_losses.functional._core import apply_phi
-from lightning_losses.functional.linear import linear_target_loss
+from lightning_losses.functional.linear import linear_target_loss, resolve_loss
 from lightning_losses.functional.target_probability import FAMILY
 
 Case = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -88,26 +106,108 @@ def _composed(loss: str, **hyperparameters: float) -> Case:
     return case
 
 
-def _ours(loss: str, reduction: str = "mean", **hyperparameters: float) -> Case:
+def _ours(
+    loss: str, reduction: str = "mean", backend: str = "auto", **hyperparameters: Any
+) -> Case:
     def case(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        value = linear_target_loss(h, w, t, loss=loss, reduction=reduction, **hyperparameters)
+        value = linear_target_loss(
+            h, w, t, loss=loss, reduction=reduction, backend=backend, **hyperparameters
+        )
         return value.mean() if reduction == "none" else value
 
     return case
 
 
-#: Ours, one per member of the family: the candidates the targets apply to.
-OURS = {
-    "ours ce": _ours("ce"),
-    "ours gamma_ce(0.5)": _ours("gamma_ce", gamma=0.5),
-    "ours gamma_ce(0.5, b=0.2)": _ours("gamma_ce", gamma=0.5, threshold=0.2),
-    "ours soft_accuracy": _ours("soft_accuracy"),
-    "ours focal(2)": _ours("focal", gamma=2.0),
-    "ours adaptive_focal": _ours("adaptive_focal"),
-    "ours hard_truncated(0.5)": _ours("hard_truncated", margin=0.5),
-    "ours ce, ls=0.1": _ours("ce", label_smoothing=0.1),
-    "ours gamma_ce(0.5), ls=0.1": _ours("gamma_ce", gamma=0.5, label_smoothing=0.1),
+#: Ours, one per member of the family (the candidates the targets apply to): keywords of
+#: :func:`_ours`.
+OURS_SPECS: dict[str, dict[str, Any]] = {
+    "ours ce": {"loss": "ce"},
+    "ours gamma_ce(0.5)": {"loss": "gamma_ce", "gamma": 0.5},
+    "ours gamma_ce(0.5, b=0.2)": {"loss": "gamma_ce", "gamma": 0.5, "threshold": 0.2},
+    "ours soft_accuracy": {"loss": "soft_accuracy"},
+    "ours focal(2)": {"loss": "focal", "gamma": 2.0},
+    "ours adaptive_focal": {"loss": "adaptive_focal"},
+    "ours hard_truncated(0.5)": {"loss": "hard_truncated", "margin": 0.5},
+    "ours ce, ls=0.1": {"loss": "ce", "label_smoothing": 0.1},
+    "ours gamma_ce(0.5), ls=0.1": {"loss": "gamma_ce", "gamma": 0.5, "label_smoothing": 0.1},
 }
+#: Ours beyond the targets: the recomputing backward, and half-precision products (float32
+#: accumulation, float32 softmax and sums: the tensor cores; the same as "ours ce" for float32).
+OURS_EXTRA: dict[str, dict[str, Any]] = {
+    "ours focal(2), reduction=none": {"loss": "focal", "reduction": "none", "gamma": 2.0},
+    "ours ce, half_matmul": {"loss": "ce", "half_matmul": True},
+    "ours gamma_ce(0.5), half_matmul": {"loss": "gamma_ce", "gamma": 0.5, "half_matmul": True},
+    "ours ce, z_loss=1e-4": {"loss": "ce", "z_loss": 1e-4},
+}
+#: The backends ours run with (``--backend``); one backend keeps the plain names.
+BACKENDS: list[str] = ["auto"]
+
+
+def ours_name(name: str, backend: str) -> str:
+    """``name`` with its backend (``"ours ce [triton]"``) when several backends run."""
+    return name if len(BACKENDS) == 1 else f"{name} [{backend}]"
+
+
+def ours_cases(specs: dict[str, dict[str, Any]]) -> dict[str, Case]:
+    """``specs`` as cases, once per backend of :data:`BACKENDS`."""
+    return {
+        ours_name(name, backend): _ours(backend=backend, **spec)
+        for name, spec in specs.items()
+        for backend in BACKENDS
+    }
+
+
+def ours_names() -> list[str]:
+    """The names of the candidates the targets apply to."""
+    return [ours_name(name, backend) for name in OURS_SPECS for backend in BACKENDS]
+
+
+#: The peers' import failures, by candidate (printed under each table).
+PEER_NOTES: dict[str, str] = {}
+
+
+def peer_cases() -> dict[str, Case]:
+    """Liger's and CCE's fused heads and a compiled chunked CE, those that import here."""
+    cases: dict[str, Case] = {}
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import (
+            LigerFusedLinearCrossEntropyLoss,
+        )
+
+        liger = LigerFusedLinearCrossEntropyLoss()
+        cases["Liger fused linear CE"] = lambda h, w, t: liger(w, h, t)
+    except Exception as error:  # any failure to import: a reason to print
+        PEER_NOTES["Liger fused linear CE"] = f"{type(error).__name__}: {error}"
+    try:
+        from cut_cross_entropy import linear_cross_entropy as cce
+
+        cases["CCE cce"] = lambda h, w, t: cce(h, w, t, impl="cce")
+        cases["CCE cce_exact"] = lambda h, w, t: cce(h, w, t, impl="cce", filter_eps=None)
+    except Exception as error:
+        PEER_NOTES["CCE cce, cce_exact"] = f"{type(error).__name__}: {error}"
+    cases["torch.compile chunked CE"] = _compiled_chunked_ce
+    return cases
+
+
+@functools.cache
+def _compiled_chunk() -> Callable[..., torch.Tensor]:
+    def chunk_loss(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy((h @ w.T).float(), t, reduction="sum")
+
+    return torch.compile(chunk_loss)
+
+
+def _compiled_chunked_ce(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Mean CE of ``h @ w.T``, 4096 rows a compiled, checkpointed chunk (logits recomputed)."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], 4096):
+        rows = slice(start, start + 4096)
+        total = total + checkpoint(_compiled_chunk(), h[rows], w, t[rows], use_reentrant=False)
+    return total / max(h.shape[0], 1)
+
+
 #: ``name with label smoothing -> (the same loss without it, PyTorch's smoothed chunked CE)``.
 SMOOTHED = {
     "ours ce, ls=0.1": ("ours ce", "torch chunked CE (mean), ls=0.1"),
@@ -128,18 +228,19 @@ def all_cases() -> dict[str, Case]:
     return {
         PLAIN: lambda h, w, t: F.cross_entropy(h @ w.T, t),
         **torch_cases,
-        **OURS,
-        "ours focal(2), reduction=none": _ours("focal", reduction="none", gamma=2.0),
-        # Half-precision products (float32 accumulation, float32 softmax and sums): the tensor
-        # cores; the same as "ours ce" for float32 inputs.
-        "ours ce, half_matmul": _ours("ce", half_matmul=True),
-        "ours gamma_ce(0.5), half_matmul": _ours("gamma_ce", gamma=0.5, half_matmul=True),
+        **ours_cases(OURS_SPECS),
+        **ours_cases(OURS_EXTRA),
+        **(peer_cases() if PEERS else {}),
     }
+
+
+#: Whether the peers run (``--peers``).
+PEERS = False
 
 
 def baseline_of(names: list[str]) -> str:
     """The candidate of the ratios: PyTorch's chunked mean CE, else the plain path, else ours."""
-    return next(name for name in (BASELINE, PLAIN, "ours ce") if name in names)
+    return next(name for name in (BASELINE, PLAIN, ours_names()[0]) if name in names)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -239,6 +340,7 @@ def measure_memory(name: str, shape: tuple[int, int, int], dtype: torch.dtype) -
 def peak_memory(name: str, shape: tuple[int, int, int], dtype: str, threads: int) -> float:
     """Peak extra MiB of ``name`` measured in a fresh process."""
     command = [sys.executable, __file__, "--memory-of", name, "--dtype", dtype]
+    command += ["--backend", *BACKENDS] + (["--peers"] if PEERS else [])
     command += ["--shapes", "x".join(map(str, shape)), "--threads", str(threads)]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
@@ -264,7 +366,79 @@ def benchmark_shape(shape, args, names: list[str]) -> dict[str, tuple[float, flo
             memory[name] = peak_memory(name, shape, args.dtype, torch.get_num_threads())
     if args.device == "cuda":
         torch.cuda.empty_cache()
+    if args.grad_error:
+        GRAD_ERRORS.update(gradient_errors(cases, names, shape, args))
     return {name: (statistics.median(times[name]), memory[name]) for name in names}
+
+
+#: ``{name: (relative error of grad hidden, of grad weight)}`` of the last shape (``--grad-error``).
+GRAD_ERRORS: dict[str, tuple[float, float]] = {}
+#: The loss each candidate that is not plain CE computes, as keywords of ``linear_target_loss``.
+COMPOSED_SPECS: dict[str, dict[str, Any]] = {
+    "torch chunked CE (mean), ls=0.1": {"loss": "ce", "label_smoothing": 0.1},
+    "torch chunked CE (none) + focal(2)": {"loss": "focal", "gamma": 2.0},
+    "torch chunked CE (none) + gamma_ce(0.5)": {"loss": "gamma_ce", "gamma": 0.5},
+}
+
+
+def spec_of(name: str) -> dict[str, Any]:
+    """The loss candidate ``name`` computes (plain mean CE for the peers)."""
+    base = name.split(" [")[0]
+    spec = {**OURS_SPECS, **OURS_EXTRA, **COMPOSED_SPECS}.get(base, {"loss": "ce"})
+    return {k: v for k, v in spec.items() if k not in ("reduction", "half_matmul")}
+
+
+def float64_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, spec: dict[str, Any]
+) -> torch.Tensor:
+    """The mean loss of ``spec`` from the full float64 logits (the family's ``phi``)."""
+    hyper = dict(spec)
+    loss, z = hyper.pop("loss"), hyper.pop("z_loss", 0.0)
+    phi, hyper = resolve_loss(loss, hyper)  # the defaults filled in
+    eps = hyper.pop("label_smoothing", 0.0)
+    logits = hidden @ weight.T
+    lse = torch.logsumexp(logits, dim=1)
+    log_p = logits - lse[:, None]
+    row = apply_phi(log_p.gather(1, target[:, None]).squeeze(1), phi, **hyper)
+    row = (1 - eps) * row - eps / logits.shape[1] * log_p.sum(1) + z * lse**2
+    return row.mean()
+
+
+def gradient_errors(
+    cases: dict[str, Case], names: list[str], shape: tuple[int, int, int], args
+) -> dict[str, tuple[float, float]]:
+    """Relative errors ``||g - g64|| / ||g64||`` of each candidate's gradients, first rows."""
+    rows = min(shape[0], args.grad_rows)
+    hidden, weight, target = make_inputs(shape, DTYPES[args.dtype], device=args.device)
+    hidden, target = hidden.detach()[:rows], target[:rows]
+    weight = weight.detach()
+    references: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    errors = {}
+    for name in names:
+        spec = spec_of(name)
+        key = json.dumps(spec, sort_keys=True)
+        if key not in references:
+            h64 = hidden.double().requires_grad_()
+            w64 = weight.double().requires_grad_()
+            float64_loss(h64, w64, target, spec).backward()
+            references[key] = (h64.grad, w64.grad)  # type: ignore[assignment]
+        h_leaf = hidden.clone().requires_grad_()
+        w_leaf = weight.clone().requires_grad_()
+        try:
+            cases[name](h_leaf, w_leaf, target).backward()
+        except Exception as error:  # reported, not fatal
+            print(f"{name}: gradient check failed ({type(error).__name__})", file=sys.stderr)
+            continue
+        want_h, want_w = references[key]
+        assert h_leaf.grad is not None
+        assert w_leaf.grad is not None
+        errors[name] = (
+            float((h_leaf.grad.double() - want_h).norm() / want_h.norm()),
+            float((w_leaf.grad.double() - want_w).norm() / want_w.norm()),
+        )
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return errors
 
 
 def warm_up(cases: dict[str, Case], names: list[str], inputs: tuple, device: str) -> list[str]:
@@ -279,6 +453,13 @@ def warm_up(cases: dict[str, Case], names: list[str], inputs: tuple, device: str
             inputs[0].grad = inputs[1].grad = None
             torch.cuda.empty_cache()
             print(f"{name}: out of GPU memory, left out", file=sys.stderr)
+            continue
+        except Exception as error:  # a peer that does not run here (CCE on a CPU ...)
+            if name.startswith("ours"):
+                raise
+            inputs[0].grad = inputs[1].grad = None
+            PEER_NOTES[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            print(f"{name}: failed, left out ({PEER_NOTES[name]})", file=sys.stderr)
             continue
         kept.append(name)
     return kept
@@ -299,9 +480,12 @@ def report(shape, results, args, notes: list[str]) -> tuple[str, float, float | 
             "allocated before it"
         )
     header = ["candidate", "ms", f"time / {baseline}", "peak MiB", "memory / baseline"]
+    if args.grad_error:
+        rows_checked = min(n, args.grad_rows)
+        header.append(f"grad rel. error (hidden, weight) vs float64, first {rows_checked} rows")
     rows = []
     for name, (seconds, mib) in results.items():
-        mark = " *" if name in OURS else ""
+        mark = " *" if name in ours_names() else ""
         memory_ratio = "" if mib is None or not base_memory else f"{mib / base_memory:.2f}x"
         rows.append(
             [
@@ -312,9 +496,12 @@ def report(shape, results, args, notes: list[str]) -> tuple[str, float, float | 
                 memory_ratio,
             ]
         )
+        if args.grad_error:
+            error = GRAD_ERRORS.get(name)
+            rows[-1].append("" if error is None else f"{error[0]:.1e}, {error[1]:.1e}")
     print_table(title, header, rows, notes, args.markdown)
     print_smoothed(results)
-    ours = [name for name in OURS if name in results]
+    ours = [name for name in ours_names() if name in results]
     worst_time = max(results[name][0] for name in ours) / base_time
     worst_memory = None
     if base_memory:
@@ -373,8 +560,30 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the inputs live"
     )
+    parser.add_argument(
+        "--backend",
+        nargs="+",
+        choices=("auto", "torch", "triton"),
+        default=["auto"],
+        help="backend(s) of ours; several: each of ours once per backend",
+    )
+    parser.add_argument("--peers", action="store_true", help="Liger, CCE, compiled chunked CE")
+    parser.add_argument(
+        "--grad-error",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="gradients' relative error against float64 (default: on with --peers)",
+    )
+    parser.add_argument("--grad-rows", type=int, default=2048)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="candidates to run, by name without the backend (plain logits always runs)",
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.grad_error is None:
+        args.grad_error = args.peers
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(
             f"argument --device: cuda is not available to torch {torch.__version__} on this "
@@ -389,6 +598,8 @@ def shape_notes(
     """The candidates to run on ``shape`` and the notes saying which are left out and why."""
     names = list(all_cases())
     notes = []
+    if args.only:
+        names = [name for name in names if name.split(" [")[0] in args.only or name == PLAIN]
     if not TORCH_CHUNKED:
         notes.append(
             f"torch {torch.__version__} has no chunked F.linear_cross_entropy: PyTorch's "
@@ -422,7 +633,9 @@ def print_verdicts(verdicts: list[tuple[tuple[int, int, int], str, float, float 
 
 def main() -> None:
     """Time (and measure) every candidate on each shape and print the tables."""
+    global BACKENDS, PEERS
     args = parse_args()
+    BACKENDS, PEERS = list(dict.fromkeys(args.backend)), args.peers
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
@@ -437,9 +650,10 @@ def main() -> None:
     for shape in shapes:
         names, notes = shape_notes(shape, args)
         results = benchmark_shape(shape, args, names)
-        left_out = [name for name in names if name not in results]
+        left_out = [name for name in names if name not in results and name not in PEER_NOTES]
         if left_out:
             notes.append(f"out of GPU memory (left out): {', '.join(left_out)}")
+        notes += [f"{name} left out: {reason}" for name, reason in PEER_NOTES.items()]
         verdicts.append((shape, *report(shape, results, args, notes)))
     print_verdicts(verdicts)
 
