@@ -20,6 +20,13 @@ upstream gradient is unknown in the forward pass: the forward keeps ``log sum ex
 ``phi'`` per row (2 N numbers) and the backward recomputes each chunk's logits, one matrix
 product more (about 4/3 the time of ``"mean"``, same memory).
 
+Per-token weights (``token_weight=``) and PaLM's z-loss (``z_loss=``) join the per-row
+coefficients of the same gradient. The passes over a chunk's logits are torch operations
+(``backend="torch"``) or two Triton kernels (``backend="triton"``,
+:mod:`lightning_losses.kernels.linear_head`); the chunk loop itself lives in
+:mod:`lightning_losses.functional._linear_chunks`, this module holds the checks, the autograd
+function and the public functions.
+
 Source: the chunked head follows PyTorch's ``linear_cross_entropy`` (batch-chunked, gradients
 precomputed in forward); the family and its ``phi`` are those of the target-probability
 family (TaiLr's gamma-CE, focal loss, Poly-1).
