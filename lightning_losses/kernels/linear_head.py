@@ -33,7 +33,8 @@ the whole chunk, so there is no tile to skip; every gradient is exact (to roundi
 
 Determinism: no atomics anywhere (each program owns its rows; the sums over rows are cuBLAS's
 matrix products and ``Tensor.sum``), so with ``torch.use_deterministic_algorithms(True)`` two
-runs give bitwise-equal losses and gradients.
+runs give bitwise-equal losses and gradients (on a GPU PyTorch also asks for
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the environment, for its cuBLAS products).
 
 The kernels are plain functions, wrapped when first needed: in Triton's interpreter for CPU
 tensors (``TRITON_INTERPRET=1``, how the tests run them), compiled by Triton for CUDA tensors.

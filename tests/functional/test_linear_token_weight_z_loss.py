@@ -9,6 +9,7 @@ expression gives the reference gradients of ``hidden``, ``weight`` and ``bias``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -238,3 +239,13 @@ def test_bad_values_raise_one_line_errors_naming_the_argument(options, error, ma
 def test_module_checks_z_loss_and_backend(options, match):
     with pytest.raises(ValueError, match=match):
         LinearTargetLoss("ce", **options)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="runs the kernels under the interpreter"
+)
+def test_triton_backend_on_a_cpu_without_the_interpreter_raises_naming_the_backend():
+    hidden, weight, _, target, _ = inputs(6)
+    with pytest.raises(RuntimeError, match=r"backend='triton'") as raised:
+        linear_target_loss(hidden.float(), weight.float(), target, loss="ce", backend="triton")
+    assert "\n" not in str(raised.value)
