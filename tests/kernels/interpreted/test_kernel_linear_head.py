@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_losses.functional.linear import linear_target_loss
+from lightning_losses.functional.linear import LINEAR_TARGET_LOSSES, linear_target_loss
 from lightning_losses.kernels import linear_head
 
 DEVICE = torch.device(os.environ.get("KERNEL_TEST_DEVICE", "cpu"))
@@ -283,3 +283,17 @@ def test_triton_refuses_float64_naming_the_backend():
     hidden, weight, _, target, _ = make(3, 2, 5, torch.float64)
     with pytest.raises(RuntimeError, match=r"backend='triton' reads float32, float16 or bfloat16"):
         linear_target_loss(hidden, weight, target, loss="ce", backend="triton")
+
+
+@pytest.mark.parametrize("loss", list(LINEAR_TARGET_LOSSES))
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_every_loss_matches_the_torch_path(loss, reduction):
+    """Every member of the family (its defaults), through the same ``phi`` on both backends."""
+    hidden, weight, bias, target, token_weight = make(10, 4, 70, torch.float32, seed=13)
+    options = {"loss": loss, "reduction": reduction, "token_weight": token_weight}
+    on_device = [t.to(DEVICE) for t in (hidden, weight, bias)]
+    got = run(ours("triton", target, options, chunk_size=4), on_device)
+    want = run(ours("torch", target, options, chunk_size=4), on_device)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for grad, other in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(grad, other, rtol=1e-5, atol=1e-6)
