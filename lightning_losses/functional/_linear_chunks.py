@@ -137,7 +137,7 @@ class Head:
         head = cls(
             hidden=hidden,
             weight=weight.to(matmul_dtype),
-            bias=None if bias is None else bias.to(dtype),
+            bias=None if bias is None else bias.to(dtype).contiguous(),
             target=target,
             rows=rows,
             count=count,
@@ -151,7 +151,7 @@ class Head:
         head.total_weight = float(count)
         head.class_weight_sum = float(weight.shape[0])
         if class_weight is not None:
-            head.class_weight = class_weight.to(dtype)
+            head.class_weight = class_weight.to(dtype).contiguous()
             head.class_weight_sum = float(head.class_weight.sum())
             counted = target if rows is None else target.index_select(0, rows)
             head.row_weight = head.class_weight.index_select(0, counted)
@@ -409,7 +409,7 @@ def _kernel_gradient(
     class_weight = head.class_weight if terms.label_smoothing else None
     return linear_head.chunk_gradient(
         logits,
-        target,
+        target.contiguous(),
         lse.float().contiguous(),
         a.float().contiguous(),
         g.float().contiguous(),
@@ -461,7 +461,11 @@ def forward_chunks(
         if head.kernels:
             logits = _kernel_logits(head, hidden, buffer)
             lse, target_logit, smooth = linear_head.chunk_statistics(
-                logits, target, bias=head.bias, weight=smooth_weight, smoothing=bool(eps)
+                logits,
+                target.contiguous(),
+                bias=head.bias,
+                weight=smooth_weight,
+                smoothing=bool(eps),
             )
             log_p = target_logit - lse
         else:

@@ -297,3 +297,16 @@ def test_every_loss_matches_the_torch_path(loss, reduction):
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     for grad, other in zip(got[1], want[1], strict=True):
         torch.testing.assert_close(grad, other, rtol=1e-5, atol=1e-6)
+
+
+def test_strided_target_bias_and_class_weight():
+    """Views with strides (every other element) read as their values, not as memory."""
+    hidden, weight, _, target, _ = make(6, 4, 30, torch.float32, seed=17)
+    long_target = torch.stack([target, torch.zeros_like(target)], 1).reshape(-1)
+    strided_target = long_target[::2]
+    strided_bias = torch.randn(60, generator=torch.Generator().manual_seed(2))[::2]
+    strided_weight = torch.linspace(0.5, 2.0, 60)[::2]
+    assert not strided_target.is_contiguous()
+    assert not strided_bias.is_contiguous()
+    options = {"loss": "ce", "class_weight": strided_weight, "label_smoothing": 0.1}
+    check_against_float64((hidden, weight, strided_bias), strided_target, options)
