@@ -525,7 +525,7 @@ def linear_target_loss(
     check_chunk_size(chunk_size)
     z_loss = check_real("z_loss", z_loss, low=0.0)
     _check_inputs(hidden, weight, target, bias, ignore_index, validate_args)
-    kernels = _use_kernels(backend, hidden, weight, bias)
+    kernels = _use_kernels(backend, hidden.reshape(-1, hidden.shape[-1]), weight, bias)
     class_weight = _check_class_weight(class_weight, weight, validate_args)
     token_weight = _check_token_weight(token_weight, target, validate_args)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])

@@ -310,3 +310,16 @@ def test_strided_target_bias_and_class_weight():
     assert not strided_bias.is_contiguous()
     options = {"loss": "ce", "class_weight": strided_weight, "label_smoothing": 0.1}
     check_against_float64((hidden, weight, strided_bias), strided_target, options)
+
+
+def test_sequence_shaped_hidden_states():
+    """``[B, L, H]`` hidden states and ``[B, L]`` targets, as a language model gives them."""
+    hidden, weight, bias, target, token_weight = make(12, 4, 40, torch.float32, seed=19)
+    options = {"loss": "ce", "reduction": "none", "token_weight": token_weight.reshape(3, 4)}
+    on_device = [hidden.reshape(3, 4, 4).to(DEVICE), weight.to(DEVICE), bias.to(DEVICE)]
+    got = run(ours("triton", target.reshape(3, 4), options), on_device)
+    want = run(ours("torch", target.reshape(3, 4), options), on_device)
+    assert got[0].shape == (3, 4)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for grad, other in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(grad, other, rtol=1e-5, atol=1e-6)
