@@ -51,6 +51,7 @@ from lightning_losses.functional.target_probability import (
     poly1_loss,
 )
 from lightning_losses.functional.truncation import check_soft_truncated
+from lightning_losses.kernels.availability import check_backend
 
 
 def _no_hyperparameters() -> None:
@@ -130,6 +131,8 @@ class FunctionalLoss(nn.Module):
         """
         type(self).check(**self.hyperparameters())
         check_loss_options(self.options())
+        if "backend" in type(self).option_names:
+            check_backend(self.backend)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """The loss of ``logits`` for ``target``, with the current hyper-parameters."""
@@ -149,8 +152,8 @@ class FunctionalLoss(nn.Module):
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())
 
 
-_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args")
-_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
+_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args", "backend")
+_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args", "backend")
 
 
 def _index_loss_init(
@@ -161,6 +164,7 @@ def _index_loss_init(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> None:
     """The options of a loss of class-index targets (the constructor of its subclasses).
 
@@ -177,6 +181,7 @@ def _index_loss_init(
     self.ignore_index = ignore_index
     self.reduction = reduction
     self.validate_args = validate_args
+    self.backend = backend
 
 
 class CrossEntropyLoss(FunctionalLoss):
@@ -218,6 +223,7 @@ class CrossEntropyLoss(FunctionalLoss):
     ignore_index: int
     reduction: str
     validate_args: bool
+    backend: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         if cls.function is not LF.cross_entropy:  # another loss: no label_smoothing
@@ -239,6 +245,7 @@ class CrossEntropyLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         _index_loss_init(
             self,
@@ -247,6 +254,7 @@ class CrossEntropyLoss(FunctionalLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
 
 
@@ -284,6 +292,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -291,6 +300,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.gamma = gamma
         self.threshold = threshold
@@ -335,6 +345,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -342,6 +353,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.margin = margin
 
@@ -367,6 +379,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -374,6 +387,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.k = k
 
@@ -408,6 +422,7 @@ class Poly1Loss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -415,6 +430,7 @@ class Poly1Loss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.epsilon = epsilon
 
@@ -441,6 +457,7 @@ class FocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -449,6 +466,7 @@ class FocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaptiveFocalLoss(FunctionalLoss):
@@ -476,6 +494,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -485,6 +504,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaFocalLoss(FunctionalLoss):
@@ -520,7 +540,7 @@ class AdaFocalLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.adafocal_loss)
-    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args")
+    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args", "backend")
     edges: Tensor
     gammas: Tensor
 
@@ -533,6 +553,7 @@ class AdaFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -549,6 +570,7 @@ class AdaFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and the bins."""
@@ -608,7 +630,7 @@ class MbLSLoss(FunctionalLoss):
     function = staticmethod(mbls_loss)
     check = staticmethod(check_mbls)
     hyperparameter_names = ("margin", "alpha")
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -618,6 +640,7 @@ class MbLSLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.margin = margin
@@ -625,6 +648,7 @@ class MbLSLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class DualFocalLoss(FunctionalLoss):
@@ -643,7 +667,7 @@ class DualFocalLoss(FunctionalLoss):
     function = staticmethod(dual_focal_loss)
     check = staticmethod(check_dual_focal)
     hyperparameter_names = ("gamma",)
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -652,12 +676,14 @@ class DualFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.gamma = gamma
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class _BinaryLoss(FunctionalLoss):
@@ -894,12 +920,13 @@ class _BatchPenaltyLoss(FunctionalLoss):
     accepted as 0 only, so that a config may keep the key.
     """
 
-    option_names = ("ignore_index", "reduction", "global_batch", "validate_args")
+    option_names = ("ignore_index", "reduction", "global_batch", "validate_args", "backend")
 
     ignore_index: int
     reduction: str
     global_batch: bool
     validate_args: bool
+    backend: str
 
     def _set_options(
         self,
@@ -908,12 +935,14 @@ class _BatchPenaltyLoss(FunctionalLoss):
         reduction: str,
         global_batch: bool,
         validate_args: bool,
+        backend: str,
     ) -> None:
         check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.global_batch = global_batch
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and ``global_batch``."""
@@ -951,11 +980,14 @@ class MDCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
         self.gamma = gamma
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class DCALoss(_BatchPenaltyLoss):
@@ -982,10 +1014,13 @@ class DCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class MMCELoss(_BatchPenaltyLoss):
@@ -1012,10 +1047,13 @@ class MMCELoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.lambda_ = lambda_
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class LinearTargetLoss(nn.Module):

@@ -44,8 +44,10 @@ from lightning_losses.functional._core import (
     CPU_SMOOTHING_ELEMENTS,
     apply_phi,
     compute_dtype,
+    phi_cross_entropy,
     row_chunks,
 )
+from lightning_losses.functional._kernel_checks import check_kernel_inputs
 from lightning_losses.functional.checks import (
     check_dca,
     check_flag,
@@ -56,6 +58,7 @@ from lightning_losses.functional.checks import (
 )
 from lightning_losses.functional.global_batch import concat_over_ranks, sum_over_ranks
 from lightning_losses.functional.target_probability import phi_focal
+from lightning_losses.kernels.availability import use_kernels
 
 #: MMCE's kernel width: the Laplacian kernel ``exp(-|r - r'| / 0.4)`` of the authors' code.
 MMCE_BANDWIDTH = 0.4
@@ -183,10 +186,19 @@ def _batch(
     validate_args: bool,
     confidence: bool = False,
     class_sums: bool = False,
+    kernels: bool = False,
 ) -> _Batch:
-    """Check the inputs and take the statistics of ``logits`` in one chunked pass."""
+    """Check the inputs and take the statistics of ``logits`` in one chunked pass.
+
+    With ``kernels`` (the base loss on the Triton kernels) the value checks cost one
+    synchronisation.
+    """
     check_flag("global_batch", global_batch)
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
+    check_index_target(
+        logits, target, ignore_index=ignore_index, validate_args=validate_args and not kernels
+    )
+    if validate_args and kernels:
+        check_kernel_inputs(logits, target, ignore_index=ignore_index)
     classes = logits.shape[1]
     flat = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
@@ -408,6 +420,30 @@ def _base_loss(log_pt: Tensor, gamma: float = 0.0) -> Tensor:
     return apply_phi(log_pt, phi_focal, gamma=float(gamma))
 
 
+def _kernels(logits: Tensor, target: Tensor, ignore_index: int, backend: str) -> bool:
+    """Whether the base loss runs on the Triton kernels (shapes checked first)."""
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+    return use_kernels(logits, backend)
+
+
+def _kernel_base_loss(logits: Tensor, batch: _Batch, gamma: float = 0.0) -> Tensor:
+    """The base loss per row by the family's kernels (0 where ignored); the penalty stays torch.
+
+    Its gradient comes from the backward kernel; the penalty's from the torch pass of
+    :class:`_BatchStatistics`, which then writes no ``log p_t`` term.
+    """
+    from lightning_losses.kernels.target_probability import TritonTargetProbability
+
+    if gamma == 0:
+        return TritonTargetProbability.apply(
+            logits, batch.target, batch.valid, phi_cross_entropy, {}
+        )
+    hyperparameters = {"gamma": float(gamma)}
+    return TritonTargetProbability.apply(
+        logits, batch.target, batch.valid, phi_focal, hyperparameters
+    )
+
+
 def mdca_loss(
     logits: Tensor,
     target: Tensor,
@@ -418,6 +454,7 @@ def mdca_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy (or focal loss) plus ``beta`` times MDCA (:func:`mdca_penalty`).
 
@@ -439,6 +476,11 @@ def mdca_loss(
         global_batch: the penalty of the batch of all ranks (the base loss stays this rank's);
             see :mod:`lightning_losses.functional.global_batch`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``beta`` or ``gamma`` negative or not finite; a bad ``reduction`` or
@@ -451,6 +493,7 @@ def mdca_loss(
     """
     check_mdca(beta, gamma)
     check_reduction(reduction)
+    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -458,8 +501,9 @@ def mdca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         class_sums=True,
+        kernels=kernels,
     )
-    base = _base_loss(batch.log_pt, gamma)
+    base = _kernel_base_loss(logits, batch, gamma) if kernels else _base_loss(batch.log_pt, gamma)
     return _combine(base, _mdca(batch, global_batch), beta, batch, reduction)
 
 
@@ -472,6 +516,7 @@ def dca_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy plus ``beta`` times DCA (:func:`dca_penalty`).
 
@@ -487,6 +532,11 @@ def dca_loss(
         reduction: ``"mean"``, ``"none"`` or ``"sum"``, as in :func:`mdca_loss`.
         global_batch: the penalty of the batch of all ranks, as in :func:`mdca_loss`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``beta`` negative or not finite; a bad ``reduction`` or ``target``.
@@ -498,6 +548,7 @@ def dca_loss(
     """
     check_dca(beta)
     check_reduction(reduction)
+    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -505,8 +556,10 @@ def dca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
+        kernels=kernels,
     )
-    return _combine(-batch.log_pt, _dca(batch, global_batch), beta, batch, reduction)
+    base = _kernel_base_loss(logits, batch) if kernels else -batch.log_pt
+    return _combine(base, _dca(batch, global_batch), beta, batch, reduction)
 
 
 def mmce_loss(
@@ -518,6 +571,7 @@ def mmce_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy plus ``lambda_`` times MMCE_m squared (:func:`mmce_penalty`).
 
@@ -534,6 +588,11 @@ def mmce_loss(
         reduction: ``"mean"``, ``"none"`` or ``"sum"``, as in :func:`mdca_loss`.
         global_batch: the penalty of the batch of all ranks, as in :func:`mdca_loss`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``lambda_`` negative or not finite; a bad ``reduction`` or ``target``.
@@ -545,6 +604,7 @@ def mmce_loss(
     """
     check_mmce(lambda_)
     check_reduction(reduction)
+    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -552,5 +612,7 @@ def mmce_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
+        kernels=kernels,
     )
-    return _combine(-batch.log_pt, _mmce(batch, global_batch), lambda_, batch, reduction)
+    base = _kernel_base_loss(logits, batch) if kernels else -batch.log_pt
+    return _combine(base, _mmce(batch, global_batch), lambda_, batch, reduction)

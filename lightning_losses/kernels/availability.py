@@ -80,6 +80,23 @@ def kernels_can_run(tensor: Tensor) -> bool:
 #: PyTorch path and ``backend="triton"`` opts in.
 AUTO_USES_KERNELS = False
 
+#: The values of ``backend=``.
+BACKENDS = ("auto", "triton", "torch")
+
+
+def check_backend(backend: object) -> None:
+    """Raise a one-line ``ValueError`` unless ``backend`` is "auto", "triton" or "torch".
+
+    Example:
+        >>> check_backend("triton")
+        >>> check_backend("cuda")
+        Traceback (most recent call last):
+        ...
+        ValueError: backend must be 'auto', 'triton' or 'torch'; got 'cuda'
+    """
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+
 
 def use_kernels(logits: Tensor, backend: str) -> bool:
     """Whether ``backend`` (``"auto"``, ``"triton"`` or ``"torch"``) runs the kernels on ``logits``.
@@ -111,7 +128,7 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
     if backend == "torch":
         return False
     if backend != "triton":
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+        check_backend(backend)
     if logits.dim() != 2:
         raise RuntimeError(
             f"backend='triton' takes [N, C] logits; got shape {list(logits.shape)} "
