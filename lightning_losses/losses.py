@@ -25,6 +25,7 @@ from lightning_losses.functional.binary import (
 )
 from lightning_losses.functional.calibration_penalties import dca_loss, mdca_loss, mmce_loss
 from lightning_losses.functional.checks import (
+    check_choice,
     check_dca,
     check_dual_focal,
     check_flag,
@@ -51,7 +52,7 @@ from lightning_losses.functional.target_probability import (
     poly1_loss,
 )
 from lightning_losses.functional.truncation import check_soft_truncated
-from lightning_losses.kernels.availability import check_backend
+from lightning_losses.kernels.availability import BACKENDS
 
 
 def _no_hyperparameters() -> None:
@@ -132,7 +133,7 @@ class FunctionalLoss(nn.Module):
         type(self).check(**self.hyperparameters())
         check_loss_options(self.options())
         if "backend" in type(self).option_names:
-            check_backend(self.backend)
+            check_choice("backend", self.backend, BACKENDS)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """The loss of ``logits`` for ``target``, with the current hyper-parameters."""

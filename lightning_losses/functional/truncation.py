@@ -10,13 +10,14 @@ from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss, target_log_prob
 from lightning_losses.functional.checks import (
+    check_choice,
     check_class_vector,
     check_index_target,
     check_range,
     check_reduction,
 )
 from lightning_losses.functional.target_probability import check_no_label_smoothing
-from lightning_losses.kernels.availability import check_backend
+from lightning_losses.kernels.availability import BACKENDS
 from lightning_losses.loss_ranges import LOSS_RANGES
 
 
@@ -75,7 +76,7 @@ def soft_truncated_loss(
     check_no_label_smoothing("soft truncation", label_smoothing)
     check_soft_truncated(k)
     check_reduction(reduction)
-    check_backend(backend)
+    check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         raise ValueError(
             "backend='triton' is not available for soft_truncated_loss (not of the "

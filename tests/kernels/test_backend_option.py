@@ -79,7 +79,7 @@ def test_an_unknown_backend_is_a_one_line_error(
     function: Callable[..., Tensor], options: dict
 ) -> None:
     with pytest.raises(
-        ValueError, match=r"^backend must be 'auto', 'triton' or 'torch'; got 'gpu'$"
+        ValueError, match=r"^backend must be one of 'auto', 'triton', 'torch'; got 'gpu'$"
     ):
         function(X, TARGET, backend="gpu", **options)
 
@@ -117,11 +117,13 @@ def test_modules_hold_backend_as_a_plain_attribute(name: str) -> None:
     expected = get_loss(name)(X, TARGET)
     assert torch.equal(criterion(X, TARGET), expected)
     criterion.backend = "gpu"  # a plain attribute: the next call and the check see it
-    with pytest.raises(ValueError, match=r"^backend must be 'auto', 'triton' or 'torch'"):
+    with pytest.raises(ValueError, match=r"^backend must be one of 'auto', 'triton', 'torch'"):
         criterion.check_hyperparameters()
-    with pytest.raises(ValueError, match=r"^backend must be 'auto', 'triton' or 'torch'"):
+    with pytest.raises(ValueError, match=r"^backend must be one of 'auto', 'triton', 'torch'"):
         criterion(X, TARGET)
-    with pytest.raises(ValueError, match=r"^backend must be 'auto', 'triton' or 'torch'; got 1$"):
+    with pytest.raises(
+        ValueError, match=r"^backend must be one of 'auto', 'triton', 'torch'; got 1$"
+    ):
         get_loss(name, backend=1)
     assert "backend" in (loss_arguments(type(criterion).__name__) or ())
 
