@@ -84,8 +84,8 @@ MBLS_BACKWARD = {
     "grad_stride": "i32",
     "margin": "fp32",
 }
-#: MbLS's kernels (no constexpr switches): the short-row blocks for float32, the long-row
-#: blocks for the half dtypes
+#: MbLS's kernels (no constexpr switches): float32 with the short-row blocks, bfloat16 with the
+#: long-row ones (float16 is bfloat16's code but for the load's type: left out for time)
 MBLS_KERNELS = [("mbls_forward", MBLS_FORWARD), ("mbls_backward", MBLS_BACKWARD)]
 
 
@@ -117,7 +117,7 @@ def main() -> None:
                     print(json.dumps(line), flush=True)
     for name, signature in MBLS_KERNELS:
         fn = mbls.kernel(name, interpret=False)
-        for dtype in ("*fp32", "*bf16", "*fp16"):
+        for dtype in ("*fp32", "*bf16"):
             block_n, block_c, num_warps = BLOCKS[0 if dtype == "*fp32" else 1]
             constexprs = {"BLOCK_N": block_n, "BLOCK_C": block_c}
             full = {k: v.format(dtype=dtype) for k, v in signature.items()}

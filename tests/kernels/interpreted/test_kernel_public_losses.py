@@ -375,23 +375,21 @@ def test_every_loss_on_an_empty_batch(case: Any) -> None:
         _check(case, 0, 4, torch.float32, reduction)
 
 
-@pytest.mark.parametrize("reduction", ["none", "mean"])
-def test_mbls_over_several_column_blocks(reduction: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mbls_over_several_column_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     # blocks of 1 row x 128 columns: the maximum, its first column and the hinge each cross
-    # 8 column steps, the last one partial; a tie for the maximum in two blocks goes to the first
+    # 5 column steps, the last one partial; a tie for the maximum in two blocks goes to the first
     monkeypatch.setattr(target_probability, "INTERPRETER_TILE", 128)
-    x, target = _inputs(6, 1000, torch.float32)
-    x[0, 5] = x[0, 700] = 50.0  # row 0 is never ignored
-    case = next(c for c in CASES if c[0] == "mbls")
+    x, target = _inputs(4, 520, torch.float32)
+    x[0, 5] = x[0, 400] = 50.0  # row 0 is never ignored
     leaf = x.clone().requires_grad_()
     mbls_loss(leaf, target, margin=2.0, alpha=0.3, backend="triton").backward()
     twin = x.clone().requires_grad_()
     mbls_loss(twin, target, margin=2.0, alpha=0.3, backend="torch").backward()
     assert leaf.grad is not None
     assert twin.grad is not None
-    assert leaf.grad[0, 5] > leaf.grad[0, 700]  # the hinge's count lands on the first maximum
+    assert leaf.grad[0, 5] > leaf.grad[0, 400]  # the hinge's count lands on the first maximum
     torch.testing.assert_close(leaf.grad, twin.grad, rtol=0, atol=1e-6)
-    _check(case, 6, 1000, torch.float32, reduction)
+    _check(next(c for c in CASES if c[0] == "mbls"), 4, 520, torch.float32, "none")
 
 
 def test_one_synchronisation_with_checks_and_none_without(monkeypatch: pytest.MonkeyPatch) -> None:
