@@ -73,6 +73,13 @@ class FunctionalLoss(nn.Module):
     (everything else passed through: ``reduction``, ``ignore_index``, per-class tensors,
     ``validate_args``).
 
+    The losses of ``[N, C]`` logits (cross-entropy and the family, AdaFocal, MbLS, dual focal,
+    MDCA, DCA, MMCE, soft truncation) also take ``backend`` (``"auto"``, ``"triton"`` or
+    ``"torch"``), a plain attribute like the others (``criterion.backend``), passed to the
+    function at each call and checked by :meth:`check_hyperparameters`: ``"triton"`` runs the
+    fused Triton kernels of :mod:`lightning_losses.kernels` (see the function's docstring and
+    ``docs/kernels.md``).
+
     Every constructor ends with :meth:`check_hyperparameters` (arranged by
     ``__init_subclass__``, once the constructor of the object's own class returns), so a value
     out of range fails where the loss is built, not at its first call.
