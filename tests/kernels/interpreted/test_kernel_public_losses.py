@@ -381,6 +381,7 @@ def test_mbls_over_several_column_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(target_probability, "INTERPRETER_TILE", 128)
     x, target = _inputs(4, 520, torch.float32)
     x[0, 5] = x[0, 400] = 50.0  # row 0 is never ignored
+    x, target = x.to(DEVICE), target.to(DEVICE)
     leaf = x.clone().requires_grad_()
     mbls_loss(leaf, target, margin=2.0, alpha=0.3, backend="triton").backward()
     twin = x.clone().requires_grad_()
@@ -388,11 +389,17 @@ def test_mbls_over_several_column_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     assert leaf.grad is not None
     assert twin.grad is not None
     assert leaf.grad[0, 5] > leaf.grad[0, 400]  # the hinge's count lands on the first maximum
-    torch.testing.assert_close(leaf.grad, twin.grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(leaf.grad.cpu(), twin.grad.cpu(), rtol=0, atol=1e-6)
     _check(next(c for c in CASES if c[0] == "mbls"), 4, 520, torch.float32, "none")
 
 
 def test_one_synchronisation_with_checks_and_none_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read of a tensor by the host is counted: one ``tolist`` with the checks, none without.
+
+    On a GPU (``KERNEL_TEST_DEVICE=cuda``) the call without checks also runs under
+    ``torch.cuda.set_sync_debug_mode("error")``, which catches the synchronisations no method
+    call shows (a copy to the host, ``nonzero``).
+    """
     reads: list[str] = []
     for method in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         original = getattr(torch.Tensor, method)
@@ -404,25 +411,32 @@ def test_one_synchronisation_with_checks_and_none_without(monkeypatch: pytest.Mo
         monkeypatch.setattr(torch.Tensor, method, counted)
     for _, function, raw_options, _, _ in CASES:
         x, target = _inputs(8, 5, torch.float32)
-        options = _options(raw_options, 5)
+        options = {
+            k: (v.to(DEVICE) if isinstance(v, Tensor) else v)
+            for k, v in _options(raw_options, 5).items()
+        }
         for validate_args, allowed in ((True, ["tolist"]), (False, [])):
             reads.clear()
-            leaf = x.to(DEVICE).requires_grad_()
-            function(
-                leaf,
-                target.to(DEVICE),
-                backend="triton",
-                validate_args=validate_args,
-                **options,
-            ).backward()
+            leaf, on_device = x.to(DEVICE).requires_grad_(), target.to(DEVICE)
+            arguments = {"backend": "triton", "validate_args": validate_args, **options}
+            function(leaf, on_device, **arguments).backward()
             assert reads == allowed, (function.__name__, validate_args, reads)
+            if DEVICE.type == "cuda" and not validate_args:
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    function(leaf, on_device, **arguments).backward()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("ce_smooth_w", "focal_alpha")])
 def test_the_checks_keep_their_one_line_errors(case: Any) -> None:
     _, function, raw_options, _, _ = case
     x, target = _inputs(6, 5, torch.float32)
-    options = _options(raw_options, 5)
+    options = {
+        k: (v.to(DEVICE) if isinstance(v, Tensor) else v)
+        for k, v in _options(raw_options, 5).items()
+    }
     bad_target = target.clone()
     bad_target[0] = 5
     with pytest.raises(ValueError, match=r"target values must lie in \[0, 4\].*found 5$"):
@@ -439,7 +453,7 @@ def test_the_checks_keep_their_one_line_errors(case: Any) -> None:
 
 
 def test_adafocal_bins_are_checked_in_the_one_read() -> None:
-    x, target = _inputs(4, 3, torch.float32)
+    x, target = (tensor.to(DEVICE) for tensor in _inputs(4, 3, torch.float32))
     edges = torch.tensor([0.0, 0.7, 0.3, 1.0], dtype=torch.float64)
     gammas = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     with pytest.raises(ValueError, match="edges must be non-decreasing"):
