@@ -21,7 +21,7 @@ from lightning_losses.functional.checks import (
     check_finite,
 )
 
-__all__ = ["check_kernel_inputs"]
+__all__ = ["check_index_values", "check_kernel_inputs"]
 
 #: A condition computed on the device (a bool scalar, true when the input is bad) and the check
 #: that raises its error (run only when the condition is true).
@@ -92,3 +92,20 @@ found 3
     for failed, (_, check) in zip(flags.tolist(), conditions, strict=True):  # the one read
         if failed:
             check()
+
+
+def check_index_values(logits: Tensor, target: Tensor, *, ignore_index: int, kernels: bool) -> None:
+    """The value checks of ``check_index_target`` (its shapes already checked).
+
+    On the kernel path (``kernels``) in one read (:func:`check_kernel_inputs`); elsewhere the
+    checks module's own checks, as ``check_index_target(..., validate_args=True)`` runs them.
+
+    Example:
+        >>> check_index_values(torch.zeros(2, 3), torch.tensor([0, 2]), ignore_index=-100,
+        ...                    kernels=False)
+    """
+    if kernels:
+        check_kernel_inputs(logits, target, ignore_index=ignore_index)
+        return
+    check_class_indices("target", target, logits.shape[1], ignore_index=ignore_index)
+    check_finite("logits", logits)

@@ -47,7 +47,7 @@ from lightning_losses.functional._core import (
     phi_cross_entropy,
     row_chunks,
 )
-from lightning_losses.functional._kernel_checks import check_kernel_inputs
+from lightning_losses.functional._kernel_checks import check_index_values
 from lightning_losses.functional.checks import (
     check_dca,
     check_flag,
@@ -175,6 +175,7 @@ class _Batch(NamedTuple):
     target: Tensor  # [M] class indices, 0 where ignored
     valid: Tensor  # [M] bool
     shape: torch.Size  # the target's shape, for reduction="none"
+    kernels: bool  # the base loss runs on the Triton kernels (backend=)
 
 
 def _batch(
@@ -186,19 +187,18 @@ def _batch(
     validate_args: bool,
     confidence: bool = False,
     class_sums: bool = False,
-    kernels: bool = False,
+    backend: str = "torch",
 ) -> _Batch:
     """Check the inputs and take the statistics of ``logits`` in one chunked pass.
 
-    With ``kernels`` (the base loss on the Triton kernels) the value checks cost one
-    synchronisation.
+    ``backend`` chooses where the base loss runs (``_Batch.kernels``); on the kernels the value
+    checks cost one synchronisation.
     """
     check_flag("global_batch", global_batch)
-    check_index_target(
-        logits, target, ignore_index=ignore_index, validate_args=validate_args and not kernels
-    )
-    if validate_args and kernels:
-        check_kernel_inputs(logits, target, ignore_index=ignore_index)
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+    kernels = use_kernels(logits, backend)
+    if validate_args:
+        check_index_values(logits, target, ignore_index=ignore_index, kernels=kernels)
     classes = logits.shape[1]
     flat = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
@@ -207,7 +207,7 @@ def _batch(
     log_pt, log_r, predicted, sums = _BatchStatistics.apply(
         flat, safe, valid, confidence, class_sums
     )
-    return _Batch(log_pt, log_r, predicted, sums, safe, valid, target.shape)
+    return _Batch(log_pt, log_r, predicted, sums, safe, valid, target.shape, kernels)
 
 
 # --- the penalties -----------------------------------------------------------------------------
@@ -420,12 +420,6 @@ def _base_loss(log_pt: Tensor, gamma: float = 0.0) -> Tensor:
     return apply_phi(log_pt, phi_focal, gamma=float(gamma))
 
 
-def _kernels(logits: Tensor, target: Tensor, ignore_index: int, backend: str) -> bool:
-    """Whether the base loss runs on the Triton kernels (shapes checked first)."""
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
-    return use_kernels(logits, backend)
-
-
 def _kernel_base_loss(logits: Tensor, batch: _Batch, gamma: float = 0.0) -> Tensor:
     """The base loss per row by the family's kernels (0 where ignored); the penalty stays torch.
 
@@ -493,7 +487,6 @@ def mdca_loss(
     """
     check_mdca(beta, gamma)
     check_reduction(reduction)
-    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -501,9 +494,13 @@ def mdca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         class_sums=True,
-        kernels=kernels,
+        backend=backend,
     )
-    base = _kernel_base_loss(logits, batch, gamma) if kernels else _base_loss(batch.log_pt, gamma)
+    base = (
+        _kernel_base_loss(logits, batch, gamma)
+        if batch.kernels
+        else _base_loss(batch.log_pt, gamma)
+    )
     return _combine(base, _mdca(batch, global_batch), beta, batch, reduction)
 
 
@@ -548,7 +545,6 @@ def dca_loss(
     """
     check_dca(beta)
     check_reduction(reduction)
-    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -556,9 +552,9 @@ def dca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
-        kernels=kernels,
+        backend=backend,
     )
-    base = _kernel_base_loss(logits, batch) if kernels else -batch.log_pt
+    base = _kernel_base_loss(logits, batch) if batch.kernels else -batch.log_pt
     return _combine(base, _dca(batch, global_batch), beta, batch, reduction)
 
 
@@ -604,7 +600,6 @@ def mmce_loss(
     """
     check_mmce(lambda_)
     check_reduction(reduction)
-    kernels = _kernels(logits, target, ignore_index, backend)
     batch = _batch(
         logits,
         target,
@@ -612,7 +607,7 @@ def mmce_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
-        kernels=kernels,
+        backend=backend,
     )
-    base = _kernel_base_loss(logits, batch) if kernels else -batch.log_pt
+    base = _kernel_base_loss(logits, batch) if batch.kernels else -batch.log_pt
     return _combine(base, _mmce(batch, global_batch), lambda_, batch, reduction)

@@ -26,7 +26,7 @@ from lightning_losses.functional._core import (
     reduce_loss,
     row_chunks,
 )
-from lightning_losses.functional._kernel_checks import check_kernel_inputs
+from lightning_losses.functional._kernel_checks import check_index_values
 from lightning_losses.functional.checks import (
     check_dual_focal,
     check_index_target,
@@ -198,10 +198,8 @@ def dual_focal_loss(
     check_reduction(reduction)
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
     kernels = use_kernels(logits, backend)
-    if validate_args and kernels:  # one synchronisation
-        check_kernel_inputs(logits, target, ignore_index=ignore_index)
-    elif validate_args:
-        check_index_target(logits, target, ignore_index=ignore_index, validate_args=True)
+    if validate_args:  # on the kernel path one synchronisation
+        check_index_values(logits, target, ignore_index=ignore_index, kernels=kernels)
     classes = logits.shape[1]
     rows = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
