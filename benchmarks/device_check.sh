@@ -16,7 +16,9 @@
 #          of 8.6 TFLOP, ~0.5-1 s a call; 11-15 candidates x 5 calls): ~60-90 s;
 #   [8]    lm_head bfloat16, the same shapes on tensor cores: ~20-30 s.
 # [9-13] the Triton kernels: the interpreter's tests on the device, then kernels.py at both shapes,
-#          float32 and bfloat16 (estimated 1-2 minutes, not yet measured).
+#          float32 and bfloat16: the phi-level table, then every public [N, C] loss with
+#          backend="torch" and "triton" (checks on: one host synchronisation; off) beside
+#          F.cross_entropy (15 losses x 4 candidates; estimated 2-3 minutes, not yet measured).
 # In all about 6 minutes.
 set -euo pipefail
 

@@ -25,6 +25,7 @@ from lightning_losses.functional.binary import (
 )
 from lightning_losses.functional.calibration_penalties import dca_loss, mdca_loss, mmce_loss
 from lightning_losses.functional.checks import (
+    check_choice,
     check_dca,
     check_dual_focal,
     check_flag,
@@ -51,6 +52,7 @@ from lightning_losses.functional.target_probability import (
     poly1_loss,
 )
 from lightning_losses.functional.truncation import check_soft_truncated
+from lightning_losses.kernels.availability import BACKENDS
 
 
 def _no_hyperparameters() -> None:
@@ -70,6 +72,13 @@ class FunctionalLoss(nn.Module):
     hyper-parameters a schedule may change and a logger may record) and ``option_names``
     (everything else passed through: ``reduction``, ``ignore_index``, per-class tensors,
     ``validate_args``).
+
+    The losses of ``[N, C]`` logits (cross-entropy and the family, AdaFocal, MbLS, dual focal,
+    MDCA, DCA, MMCE, soft truncation) also take ``backend`` (``"auto"``, ``"triton"`` or
+    ``"torch"``), a plain attribute like the others (``criterion.backend``), passed to the
+    function at each call and checked by :meth:`check_hyperparameters`: ``"triton"`` runs the
+    fused Triton kernels of :mod:`lightning_losses.kernels` (see the function's docstring and
+    ``docs/kernels.md``).
 
     Every constructor ends with :meth:`check_hyperparameters` (arranged by
     ``__init_subclass__``, once the constructor of the object's own class returns), so a value
@@ -130,6 +139,8 @@ class FunctionalLoss(nn.Module):
         """
         type(self).check(**self.hyperparameters())
         check_loss_options(self.options())
+        if "backend" in type(self).option_names:
+            check_choice("backend", self.backend, BACKENDS)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """The loss of ``logits`` for ``target``, with the current hyper-parameters."""
@@ -149,8 +160,8 @@ class FunctionalLoss(nn.Module):
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())
 
 
-_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args")
-_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
+_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args", "backend")
+_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args", "backend")
 
 
 def _index_loss_init(
@@ -161,6 +172,7 @@ def _index_loss_init(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> None:
     """The options of a loss of class-index targets (the constructor of its subclasses).
 
@@ -177,6 +189,7 @@ def _index_loss_init(
     self.ignore_index = ignore_index
     self.reduction = reduction
     self.validate_args = validate_args
+    self.backend = backend
 
 
 class CrossEntropyLoss(FunctionalLoss):
@@ -218,6 +231,7 @@ class CrossEntropyLoss(FunctionalLoss):
     ignore_index: int
     reduction: str
     validate_args: bool
+    backend: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         if cls.function is not LF.cross_entropy:  # another loss: no label_smoothing
@@ -239,6 +253,7 @@ class CrossEntropyLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         _index_loss_init(
             self,
@@ -247,6 +262,7 @@ class CrossEntropyLoss(FunctionalLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
 
 
@@ -284,6 +300,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -291,6 +308,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.gamma = gamma
         self.threshold = threshold
@@ -335,6 +353,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -342,6 +361,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.margin = margin
 
@@ -367,6 +387,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -374,6 +395,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.k = k
 
@@ -408,6 +430,7 @@ class Poly1Loss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -415,6 +438,7 @@ class Poly1Loss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.epsilon = epsilon
 
@@ -441,6 +465,7 @@ class FocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -449,6 +474,7 @@ class FocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaptiveFocalLoss(FunctionalLoss):
@@ -476,6 +502,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -485,6 +512,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaFocalLoss(FunctionalLoss):
@@ -520,7 +548,7 @@ class AdaFocalLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.adafocal_loss)
-    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args")
+    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args", "backend")
     edges: Tensor
     gammas: Tensor
 
@@ -533,6 +561,7 @@ class AdaFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -549,6 +578,7 @@ class AdaFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and the bins."""
@@ -608,7 +638,7 @@ class MbLSLoss(FunctionalLoss):
     function = staticmethod(mbls_loss)
     check = staticmethod(check_mbls)
     hyperparameter_names = ("margin", "alpha")
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -618,6 +648,7 @@ class MbLSLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.margin = margin
@@ -625,6 +656,7 @@ class MbLSLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class DualFocalLoss(FunctionalLoss):
@@ -643,7 +675,7 @@ class DualFocalLoss(FunctionalLoss):
     function = staticmethod(dual_focal_loss)
     check = staticmethod(check_dual_focal)
     hyperparameter_names = ("gamma",)
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -652,12 +684,14 @@ class DualFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.gamma = gamma
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class _BinaryLoss(FunctionalLoss):
@@ -894,12 +928,13 @@ class _BatchPenaltyLoss(FunctionalLoss):
     accepted as 0 only, so that a config may keep the key.
     """
 
-    option_names = ("ignore_index", "reduction", "global_batch", "validate_args")
+    option_names = ("ignore_index", "reduction", "global_batch", "validate_args", "backend")
 
     ignore_index: int
     reduction: str
     global_batch: bool
     validate_args: bool
+    backend: str
 
     def _set_options(
         self,
@@ -908,12 +943,14 @@ class _BatchPenaltyLoss(FunctionalLoss):
         reduction: str,
         global_batch: bool,
         validate_args: bool,
+        backend: str,
     ) -> None:
         check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.global_batch = global_batch
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and ``global_batch``."""
@@ -951,11 +988,14 @@ class MDCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
         self.gamma = gamma
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class DCALoss(_BatchPenaltyLoss):
@@ -982,10 +1022,13 @@ class DCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class MMCELoss(_BatchPenaltyLoss):
@@ -1012,10 +1055,13 @@ class MMCELoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.lambda_ = lambda_
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class LinearTargetLoss(nn.Module):

@@ -30,10 +30,10 @@ def test_every_kernel_compiles_for_sm80_and_sm90(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     builds = [json.loads(line) for line in result.stdout.splitlines()]
-    # 2 kernels x 3 dtypes x 2 variants x 2 architectures
-    assert len(builds) == 24
-    assert {(b["kernel"], b["arch"]) for b in builds} == {
-        (k, a) for k in ("forward", "backward") for a in (80, 90)
-    }
+    # the family's 2 kernels x 3 dtypes x 2 variants x 2 architectures, and MbLS's 2 kernels x
+    # 2 dtypes (float32, bfloat16) x 2 architectures
+    assert len(builds) == 24 + 8
+    kernels = ("forward", "backward", "mbls_forward", "mbls_backward")
+    assert {(b["kernel"], b["arch"]) for b in builds} == {(k, a) for k in kernels for a in (80, 90)}
     empty = [b for b in builds if b["cubin"] == 0 or b["ptx"] == 0]
     assert not empty, empty
