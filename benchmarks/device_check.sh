@@ -24,7 +24,9 @@
 #   [9]    lm_head bfloat16, the same shapes, every loss of ours on both backends and the
 #          peers: ~2-3 minutes (estimated).
 # [10-14] the Triton kernels: the interpreter's tests on the device, then kernels.py at both
-#          shapes, float32 and bfloat16 (estimated 1-2 minutes, not yet measured).
+#          shapes, float32 and bfloat16: the phi-level table, then every public [N, C] loss with
+#          backend="torch" and "triton" (checks on: one host synchronisation; off) beside
+#          F.cross_entropy (15 losses x 4 candidates; estimated 2-3 minutes, not yet measured).
 # In all about 10 minutes. DEVICE_CHECK_ONLY=lm_head runs steps [1], [7]-[9] alone (in 4 steps).
 set -euo pipefail
 

@@ -12,6 +12,11 @@ float64 reference on the first rows (relative to that reference's largest entry)
     python benchmarks/kernels.py --rows 32768 --classes 1000 --dtype bfloat16   # on a GPU
     TRITON_INTERPRET=1 python benchmarks/kernels.py --device cpu --rows 64 --classes 50 --repeats 1
 
+A second table times every public loss of ``[N, C]`` logits (``reduction="mean"``, forward +
+backward) with ``backend="torch"`` and ``backend="triton"``, the latter with the argument checks
+on (one host synchronisation) and off (``validate_args=False``, none), beside
+``F.cross_entropy``; ``--no-public`` leaves it out.
+
 On a CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` set before the start):
 that checks the script, not the speed.
 """
@@ -28,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import lightning_losses.functional as LF
 from lightning_losses.functional._core import _FusedTargetProbability
 from lightning_losses.functional.target_probability import (
     phi_cross_entropy,
@@ -50,6 +56,92 @@ CASES: list[tuple[str, Callable[..., Any], dict[str, Any], bool]] = [
     ("cross_entropy(ls=0.1, weight)", phi_cross_entropy, {}, True),
 ]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _public_cases(classes: int, device: torch.device) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, public function, options) of every loss of [N, C] logits that takes backend=."""
+    weight = torch.linspace(0.5, 1.5, classes, device=device)
+    bins = 15
+    edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64, device=device)
+    gammas = torch.full((bins,), 1.0, dtype=torch.float64, device=device)
+    return [
+        ("cross_entropy", LF.cross_entropy, {}),
+        (
+            "cross_entropy(ls=0.1, weight)",
+            LF.cross_entropy,
+            {"label_smoothing": 0.1, "weight": weight},
+        ),
+        ("gamma_cross_entropy(0.5)", LF.gamma_cross_entropy, {"gamma": 0.5}),
+        (
+            "gamma_cross_entropy(0.5, b=0.2)",
+            LF.gamma_cross_entropy,
+            {"gamma": 0.5, "threshold": 0.2},
+        ),
+        ("soft_accuracy_loss", LF.soft_accuracy_loss, {}),
+        ("focal_loss(2, alpha)", LF.focal_loss, {"gamma": 2.0, "alpha": weight}),
+        ("adaptive_focal_loss (FLSD-53)", LF.adaptive_focal_loss, {}),
+        ("adafocal_loss (15 bins)", LF.adafocal_loss, {"edges": edges, "gammas": gammas}),
+        ("hard_truncated_loss", LF.hard_truncated_loss, {}),
+        ("poly1_loss(1)", LF.poly1_loss, {"epsilon": 1.0}),
+        ("mbls_loss", LF.mbls_loss, {}),
+        ("dual_focal_loss(1)", LF.dual_focal_loss, {}),
+        ("mdca_loss (base CE)", LF.mdca_loss, {}),
+        ("dca_loss (base CE)", LF.dca_loss, {}),
+        ("mmce_loss (base CE)", LF.mmce_loss, {}),
+    ]
+
+
+def _public_step(function: Any, options: dict[str, Any], x: Tensor, target: Tensor) -> None:
+    """Forward + backward of a public loss (``function`` None: F.cross_entropy), the mean."""
+    leaf = x.detach().requires_grad_()
+    if function is None:
+        F.cross_entropy(leaf, target).backward()
+    else:
+        function(leaf, target, **options).backward()
+
+
+def _public_table(x: Tensor, target: Tensor, repeats: int) -> None:
+    """Every public loss: F.cross_entropy, backend torch, triton, triton without checks."""
+    device = x.device
+    print()
+    print(
+        "| loss (mean, fwd + bwd) | F.cross_entropy ms | torch ms | triton ms "
+        "| triton, validate_args=False ms | torch / F.ce | triton / F.ce "
+        "| triton (no checks) / F.ce | peak mem triton / F.ce |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, function, options in _public_cases(x.shape[1], device):
+        candidates = [
+            (None, {}),
+            (function, {**options, "backend": "torch"}),
+            (function, {**options, "backend": "triton"}),
+            (function, {**options, "backend": "triton", "validate_args": False}),
+        ]
+        for candidate, arguments in candidates:  # warm-up (and the kernels' compilation)
+            _public_step(candidate, arguments, x, target)
+        times: list[list[float]] = [[] for _ in candidates]
+        for _ in range(repeats):  # interleaved
+            for index, (candidate, arguments) in enumerate(candidates):
+                _sync(device)
+                start = time.perf_counter()
+                _public_step(candidate, arguments, x, target)
+                _sync(device)
+                times[index].append(time.perf_counter() - start)
+        median = [statistics.median(t) for t in times]
+        peaks = []
+        for candidate, arguments in (candidates[0], candidates[2]):
+            if device.type != "cuda":
+                break
+            _sync(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            _public_step(candidate, arguments, x, target)
+            _sync(device)
+            peaks.append((torch.cuda.max_memory_allocated(device) - before) / 2**30)
+        memory = f"{peaks[1] / peaks[0]:.2f}" if peaks and peaks[0] > 0 else "n/a"
+        ms = [f"{m * 1e3:.3f}" for m in median]
+        ratios = [f"{m / median[0]:.2f}" for m in median[1:]]
+        print(f"| {name} | {' | '.join(ms)} | {' | '.join(ratios)} | {memory} |")
 
 
 def _sync(device: torch.device) -> None:
@@ -111,6 +203,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--peak-gbs", type=float, default=4800.0, help="H200: 4.8 TB/s")
     parser.add_argument("--error-rows", type=int, default=256)
+    parser.add_argument(
+        "--no-public", action="store_true", help="leave out the table of the public losses"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -152,6 +247,8 @@ def main() -> None:
             f"| {moved / median[2] / 1e9:.0f} ({moved / median[2] / 1e9 / args.peak_gbs:.0%}) "
             f"| {memory} | {error:.1e} |"
         )
+    if not args.no_public:
+        _public_table(x, target, args.repeats)
 
 
 if __name__ == "__main__":

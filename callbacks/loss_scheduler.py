@@ -23,7 +23,11 @@ from lightning_losses.callbacks.schedules import (
     check_order,
 )
 from lightning_losses.functional.checks import check_choice, check_int, check_real
+from lightning_losses.loss_ranges import CALLBACK_COUNTS
 from lightning_losses.warning import LightningLossesWarning
+
+#: The bound of ``total`` (its one home: :mod:`lightning_losses.loss_ranges`).
+_TOTAL = CALLBACK_COUNTS["GammaAnnealing"]["total"]
 
 _INTERVALS = ("step", "epoch")
 _SHAPES = {"linear": LinearSchedule, "cosine": CosineSchedule}
@@ -263,7 +267,7 @@ class LossScheduler(Callback):
         self.stages = _check_scope("stages", stages, int)
         self.losses = _check_scope("losses", losses, str)
         self.attribute = attribute_name(attribute, name)
-        self.given_total = None if total is None else check_int("total", total, low=1)
+        self.given_total = None if total is None else check_int("total", total, **_TOTAL)
         #: The value set last; saved in checkpoints for information only (resuming recomputes it).
         self.last_value: float | None = None
         #: The total the schedule is timed with (set when fitting starts; saved in checkpoints).

@@ -61,7 +61,11 @@ from lightning_losses.lightning.classifier import (
     calibrator_from_state,
     posthoc_calibrator,
 )
+from lightning_losses.loss_ranges import CALLBACK_COUNTS
 from lightning_losses.warning import LightningLossesWarning
+
+#: The bounds of the integer arguments (their one home: :mod:`lightning_losses.loss_ranges`).
+_COUNTS = CALLBACK_COUNTS["PostHocCalibration"]
 
 if TYPE_CHECKING:
     from lightning_losses.calibration.posthoc.base import PostHocCalibrator
@@ -171,12 +175,14 @@ class PostHocCalibration(Callback):
         self.outputs = outputs
         self.all_methods = methods == "all"
         self.methods = method_names(methods, name)
-        self.folds = check_int("folds", folds, low=2)
+        self.folds = check_int("folds", folds, **_COUNTS["folds"])
         CF.check_n_bins(n_bins)
         if ignore_index is not None:
             check_ignore_index(ignore_index)
         check_flag("log_diagrams", log_diagrams)
-        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1)
+        self.every_n_epochs = check_int(
+            "every_n_epochs", every_n_epochs, **_COUNTS["every_n_epochs"]
+        )
         self.method_args = method_kwargs(method_args, self.methods, name)
         self._templates = {
             m: calibrator_template(m, self.method_args.get(m, {}), name) for m in self.methods

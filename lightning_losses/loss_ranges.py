@@ -96,6 +96,8 @@ CALLBACK_COUNTS: dict[str, dict[str, Counts]] = {
     "CalibrationMonitor": {"n_bins": N_BINS},
     "SplitCurves": {"n_bins": N_BINS, "every_n_epochs": EVERY_N_EPOCHS},
     "AdaFocalUpdate": {"diagram_every_n_epochs": {"low": 0}},
+    "PostHocCalibration": {"folds": {"low": 2}, "every_n_epochs": EVERY_N_EPOCHS},
+    "GammaAnnealing": {"total": {"low": 1}},
 }
 
 

@@ -53,6 +53,7 @@ from lightning_losses.functional.target_probability import (
     poly1_loss,
 )
 from lightning_losses.functional.truncation import check_soft_truncated
+from lightning_losses.kernels.availability import BACKENDS
 
 
 def _no_hyperparameters() -> None:
@@ -72,6 +73,13 @@ class FunctionalLoss(nn.Module):
     hyper-parameters a schedule may change and a logger may record) and ``option_names``
     (everything else passed through: ``reduction``, ``ignore_index``, per-class tensors,
     ``validate_args``).
+
+    The losses of ``[N, C]`` logits (cross-entropy and the family, AdaFocal, MbLS, dual focal,
+    MDCA, DCA, MMCE, soft truncation) also take ``backend`` (``"auto"``, ``"triton"`` or
+    ``"torch"``), a plain attribute like the others (``criterion.backend``), passed to the
+    function at each call and checked by :meth:`check_hyperparameters`: ``"triton"`` runs the
+    fused Triton kernels of :mod:`lightning_losses.kernels` (see the function's docstring and
+    ``docs/kernels.md``).
 
     Every constructor ends with :meth:`check_hyperparameters` (arranged by
     ``__init_subclass__``, once the constructor of the object's own class returns), so a value
@@ -132,6 +140,8 @@ class FunctionalLoss(nn.Module):
         """
         type(self).check(**self.hyperparameters())
         check_loss_options(self.options())
+        if "backend" in type(self).option_names:
+            check_choice("backend", self.backend, BACKENDS)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """The loss of ``logits`` for ``target``, with the current hyper-parameters."""
@@ -151,8 +161,8 @@ class FunctionalLoss(nn.Module):
         return ", ".join(f"{name}={value!r}" for name, value in shown.items())
 
 
-_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args")
-_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args")
+_INDEX_OPTIONS = ("weight", "ignore_index", "reduction", "validate_args", "backend")
+_ALPHA_OPTIONS = ("alpha", "ignore_index", "reduction", "validate_args", "backend")
 
 
 def _index_loss_init(
@@ -163,6 +173,7 @@ def _index_loss_init(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> None:
     """The options of a loss of class-index targets (the constructor of its subclasses).
 
@@ -179,6 +190,7 @@ def _index_loss_init(
     self.ignore_index = ignore_index
     self.reduction = reduction
     self.validate_args = validate_args
+    self.backend = backend
 
 
 class CrossEntropyLoss(FunctionalLoss):
@@ -220,6 +232,7 @@ class CrossEntropyLoss(FunctionalLoss):
     ignore_index: int
     reduction: str
     validate_args: bool
+    backend: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         if cls.function is not LF.cross_entropy:  # another loss: no label_smoothing
@@ -241,6 +254,7 @@ class CrossEntropyLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         _index_loss_init(
             self,
@@ -249,6 +263,7 @@ class CrossEntropyLoss(FunctionalLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
 
 
@@ -286,6 +301,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -293,6 +309,7 @@ class GammaCrossEntropyLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.gamma = gamma
         self.threshold = threshold
@@ -337,6 +354,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -344,6 +362,7 @@ class HardTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.margin = margin
 
@@ -369,6 +388,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -376,6 +396,7 @@ class SoftTruncatedLoss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.k = k
 
@@ -410,6 +431,7 @@ class Poly1Loss(CrossEntropyLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(
             label_smoothing=label_smoothing,
@@ -417,6 +439,7 @@ class Poly1Loss(CrossEntropyLoss):
             ignore_index=ignore_index,
             reduction=reduction,
             validate_args=validate_args,
+            backend=backend,
         )
         self.epsilon = epsilon
 
@@ -443,6 +466,7 @@ class FocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -451,6 +475,7 @@ class FocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaptiveFocalLoss(FunctionalLoss):
@@ -478,6 +503,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -487,6 +513,7 @@ class AdaptiveFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class AdaFocalLoss(FunctionalLoss):
@@ -522,7 +549,7 @@ class AdaFocalLoss(FunctionalLoss):
     """
 
     function = staticmethod(LF.adafocal_loss)
-    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args")
+    option_names = ("edges", "gammas", "ignore_index", "reduction", "validate_args", "backend")
     edges: Tensor
     gammas: Tensor
 
@@ -535,6 +562,7 @@ class AdaFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         check_no_label_smoothing(type(self).__name__, label_smoothing)
@@ -551,6 +579,7 @@ class AdaFocalLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and the bins."""
@@ -610,7 +639,7 @@ class MbLSLoss(FunctionalLoss):
     function = staticmethod(mbls_loss)
     check = staticmethod(check_mbls)
     hyperparameter_names = ("margin", "alpha")
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -620,6 +649,7 @@ class MbLSLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.margin = margin
@@ -627,6 +657,7 @@ class MbLSLoss(FunctionalLoss):
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class DualFocalLoss(FunctionalLoss):
@@ -645,7 +676,7 @@ class DualFocalLoss(FunctionalLoss):
     function = staticmethod(dual_focal_loss)
     check = staticmethod(check_dual_focal)
     hyperparameter_names = ("gamma",)
-    option_names = ("ignore_index", "reduction", "validate_args")
+    option_names = ("ignore_index", "reduction", "validate_args", "backend")
 
     def __init__(
         self,
@@ -654,12 +685,14 @@ class DualFocalLoss(FunctionalLoss):
         ignore_index: int = -100,
         reduction: str = "mean",
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.gamma = gamma
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.validate_args = validate_args
+        self.backend = backend
 
 
 class _BinaryLoss(FunctionalLoss):
@@ -896,12 +929,13 @@ class _BatchPenaltyLoss(FunctionalLoss):
     accepted as 0 only, so that a config may keep the key.
     """
 
-    option_names = ("ignore_index", "reduction", "global_batch", "validate_args")
+    option_names = ("ignore_index", "reduction", "global_batch", "validate_args", "backend")
 
     ignore_index: int
     reduction: str
     global_batch: bool
     validate_args: bool
+    backend: str
 
     def _set_options(
         self,
@@ -910,12 +944,14 @@ class _BatchPenaltyLoss(FunctionalLoss):
         reduction: str,
         global_batch: bool,
         validate_args: bool,
+        backend: str,
     ) -> None:
         check_no_label_smoothing(type(self).__name__, label_smoothing)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.global_batch = global_batch
         self.validate_args = validate_args
+        self.backend = backend
 
     def check_hyperparameters(self) -> None:
         """As :meth:`FunctionalLoss.check_hyperparameters`, and ``global_batch``."""
@@ -953,11 +989,14 @@ class MDCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
         self.gamma = gamma
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class DCALoss(_BatchPenaltyLoss):
@@ -984,10 +1023,13 @@ class DCALoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.beta = beta
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class MMCELoss(_BatchPenaltyLoss):
@@ -1014,10 +1056,13 @@ class MMCELoss(_BatchPenaltyLoss):
         reduction: str = "mean",
         global_batch: bool = False,
         validate_args: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.lambda_ = lambda_
-        self._set_options(label_smoothing, ignore_index, reduction, global_batch, validate_args)
+        self._set_options(
+            label_smoothing, ignore_index, reduction, global_batch, validate_args, backend
+        )
 
 
 class LinearTargetLoss(nn.Module):

@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 import torch
 from helpers.server import Server
 from hypothesis import HealthCheck, settings
+
+# New SQLite MLflow stores are filled from one store MLflow migrated once (see
+# helpers/store_template): here, and in every subprocess through its sitecustomize.py.
+STORE_TEMPLATE = os.path.join(os.path.dirname(__file__), "helpers", "store_template")
+sys.path.insert(0, STORE_TEMPLATE)
+import mlflow_store_template  # noqa: E402
+
+mlflow_store_template.install()
+if STORE_TEMPLATE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (STORE_TEMPLATE, os.environ.get("PYTHONPATH")) if p
+    )
 
 settings.register_profile(
     "losses",
@@ -64,3 +78,15 @@ def mlflow_server(tmp_path_factory) -> Iterator[Server]:
     """A real ``mlflow server`` (SQLite store) on 127.0.0.1, shared by the tests of a module."""
     with Server(tmp_path_factory.mktemp("mlflow-server")) as server:
         yield server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the files that hold slow tests first, each file's tests still together and in order.
+
+    ``make test`` spreads the tests over two workers that steal from each other's queues: what
+    runs last decides when the suite ends. With the minute-long tests (subprocess fits, DDP, the
+    README's commands) first, the last in the queues are the sub-second ones, and neither core
+    waits long for the other at the end.
+    """
+    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)

@@ -42,6 +42,7 @@ from typing import Any
 from lightning_losses.cli.commands import PROG
 from lightning_losses.cli.config_files import resolve_config_args
 from lightning_losses.cli.option_names import (
+    callback_arguments,
     classifier_arguments,
     data_arguments,
     loss_arguments,
@@ -274,6 +275,40 @@ def _callbacks(configs: list[dict[str, Any]], args: Sequence[str]) -> list[dict]
     return callbacks
 
 
+def _group_spelling(option: str, classifier: bool, data: str | None) -> str | None:
+    """The option meant by a misspelled ``--trainer.KEY``, ``--model.KEY`` or ``--data.KEY``."""
+    group, _, rest = option.removeprefix("--").partition(".")
+    if group == "trainer":
+        accepted = trainer_arguments()
+    elif group == "model" and classifier:
+        accepted = classifier_arguments()
+    elif group == "data" and data is not None:
+        if rest.startswith("init_args."):
+            group, rest = "data.init_args", rest.removeprefix("init_args.")
+        accepted = data_arguments(data)
+    else:
+        return None
+    close = misspelled(rest.split(".")[0], accepted)
+    return None if close is None else f"--{group}.{close}"
+
+
+def _callback_spelling(option: str, callback: str | None) -> str | None:
+    """The error of ``--trainer.callbacks.KEY`` naming no argument of ``callback``, if close."""
+    key = option.removeprefix(_CALLBACK_KEYS[0]).removeprefix(_CALLBACK_KEYS[1])
+    accepted = callback_arguments(callback) if callback else None
+    close = misspelled(key, accepted) if "." not in key else None
+    if close is None:
+        return None
+    name = str(callback).rpartition(".")[2]
+    return f"{option}: {name} has no argument {key!r}; did you mean {close}?"
+
+
+def _last_callback(configs: list[dict[str, Any]]) -> str | None:
+    """The class path of the configs' last callback (what ``--trainer.callbacks.KEY`` sets)."""
+    callbacks = _callbacks(configs, [])
+    return str(callbacks[-1].get("class_path") or "") or None if callbacks else None
+
+
 def _out_of_range(name: str, values: Any, loss: str) -> str | None:
     """The loss's message for a value (or a sequence's first value) of ``name`` out of range."""
     bounds = LOSS_RANGES.get(loss, {}).get(name)
@@ -355,9 +390,19 @@ def spelling_problem(
     loss, _ = _criterion(configs, args) if classifier else (None, {})
     loss_names = loss_arguments(BUILTIN_LOSSES[loss]) if loss else None
     data = _data_class(configs, args)
+    callback = _last_callback(configs)  # the class that --trainer.callbacks.KEY sets
     for index, arg in enumerate(args):
-        option = arg.partition("=")[0]
+        option, _, value = arg.partition("=")
         given = arg if "=" in arg or index + 1 >= len(args) else f"{arg} {args[index + 1]}"
+        if option in (_CALLBACKS_OPTION, f"{_CALLBACKS_OPTION}+"):
+            value = value if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+            callback = value if option.endswith("+") else None
+            continue
+        if option.startswith(_CALLBACK_KEYS):
+            message = _callback_spelling(option, callback)
+            if message is not None:
+                return message
+            continue
         if option.startswith(_CRITERION_KEYS) and loss_names is not None:
             key = option.removeprefix(_CRITERION_KEYS[0]).removeprefix(_CRITERION_KEYS[1])
             close = misspelled(key, loss_names)
@@ -367,20 +412,8 @@ def spelling_problem(
                     f"mean {close}?"
                 )
             continue
-        group, _, rest = option.removeprefix("--").partition(".")
-        if group == "trainer":
-            accepted = trainer_arguments()
-        elif group == "model" and classifier:
-            accepted = classifier_arguments()
-        elif group == "data" and data is not None:
-            if rest.startswith("init_args."):
-                group, rest = "data.init_args", rest.removeprefix("init_args.")
-            accepted = data_arguments(data)
-        else:
-            continue
-        close = misspelled(rest.split(".")[0], accepted)
-        if close is not None:
-            suggestion = f"--{group}.{close}"
+        suggestion = _group_spelling(option, classifier, data)
+        if suggestion is not None:
             return f"unrecognized argument {given}; did you mean {suggestion}?"
     return None
 

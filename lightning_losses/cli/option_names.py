@@ -21,6 +21,7 @@ from pathlib import Path
 
 __all__ = [
     "OPTION_WORDS",
+    "callback_arguments",
     "classifier_arguments",
     "data_arguments",
     "init_arguments",
@@ -107,6 +108,28 @@ def loss_arguments(class_name: str) -> frozenset[str] | None:
 def data_arguments(class_name: str) -> frozenset[str] | None:
     """The arguments of a DataModule of :mod:`lightning_losses.data` (``--data.KEY``)."""
     folder = Path(str(resources.files("lightning_losses") / "data"))
+    for path in sorted(folder.glob("*.py")):
+        if class_name in _classes(path):
+            return init_arguments(path, class_name)
+    return None
+
+
+def callback_arguments(class_path: str) -> frozenset[str] | None:
+    """The arguments of a package callback, by its class path (``--trainer.callbacks.KEY``).
+
+    ``None`` for a class of another package (the parser's to check) or one not found.
+
+    Example:
+        >>> sorted(callback_arguments("lightning_losses.callbacks.SplitCurves"))
+        ['every_n_epochs', 'n_bins', 'split']
+        >>> callback_arguments("my.Callback") is None
+        True
+    """
+    package, _, class_name = class_path.rpartition(".")
+    if package not in ("lightning_losses.callbacks", "lightning_losses"):
+        if not package.startswith("lightning_losses.callbacks."):
+            return None
+    folder = Path(str(resources.files("lightning_losses") / "callbacks"))
     for path in sorted(folder.glob("*.py")):
         if class_name in _classes(path):
             return init_arguments(path, class_name)

@@ -575,9 +575,11 @@ def target_probability_loss(
             ``False``: by the number of non-ignored elements, the weight being a factor of the
             formula (focal loss's ``alpha``).
         backend: ``"auto"`` (the Triton kernels of :mod:`lightning_losses.kernels` for
-            ``[N, C]`` CUDA logits when Triton imports, the torch path elsewhere), ``"torch"``
-            or ``"triton"`` (the kernels; on CPU tensors only under ``TRITON_INTERPRET=1``,
-            else a one-line error).
+            ``[N, C]`` CUDA logits when Triton imports and
+            :data:`~lightning_losses.kernels.availability.AUTO_USES_KERNELS` is on, the torch
+            path elsewhere), ``"torch"`` or ``"triton"`` (the kernels; on CPU tensors only
+            under ``TRITON_INTERPRET=1``, else a one-line error). On the kernel path the value
+            checks cost one synchronisation (none with ``validate_args=False``).
         **hyperparameters: passed to ``phi``.
     """
     check_reduction(reduction)
@@ -600,7 +602,13 @@ def target_probability_loss(
             validate_args,
             weighted_mean,
         )
-    if validate_args:
+    if validate_args and kernels:  # one synchronisation for every check
+        from lightning_losses.functional._kernel_checks import check_kernel_inputs
+
+        check_kernel_inputs(
+            logits, target, ignore_index=ignore_index, weight=weight, weight_name=weight_name
+        )
+    elif validate_args:
         check_class_indices("target", target, logits.shape[1], ignore_index=ignore_index)
         check_finite("logits", logits)
         if weight is not None:

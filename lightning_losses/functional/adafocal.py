@@ -12,14 +12,16 @@ rule after every validation epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from lightning_losses.functional._core import target_probability_loss
-from lightning_losses.functional.checks import check_range
+from lightning_losses.functional._kernel_checks import check_kernel_inputs
+from lightning_losses.functional.checks import check_index_target, check_range
 from lightning_losses.functional.target_probability import check_no_label_smoothing
+from lightning_losses.kernels.availability import use_kernels
 from lightning_losses.loss_ranges import CALLBACK_RANGES
 
 __all__ = [
@@ -84,6 +86,13 @@ def check_adafocal_bins(edges: Tensor, gammas: Tensor, *, validate_args: bool = 
             raise ValueError(f"edges must be non-decreasing; got {edges.tolist()}")
 
 
+def _bins(edges: Tensor, gammas: Tensor) -> list[tuple[Tensor, Callable[[], None]]]:
+    """The value checks of :func:`check_adafocal_bins` as conditions read with the others."""
+    ordered = (edges[1:] >= edges[:-1]).all() if edges.numel() > 1 else torch.tensor(True)
+    bad = ~torch.isfinite(gammas).all() | ~ordered.to(gammas.device)
+    return [(bad, lambda: check_adafocal_bins(edges, gammas))]
+
+
 def adafocal_loss(
     logits: Tensor,
     target: Tensor,
@@ -94,6 +103,7 @@ def adafocal_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """AdaFocal: focal loss whose ``gamma`` is that of the confidence bin ``p_t`` falls into.
 
@@ -123,7 +133,12 @@ def adafocal_loss(
             values raise ``TypeError``: label smoothing belongs to cross-entropy and gamma
             cross-entropy.
         validate_args: check target values, finite logits, finite gammas and ordered edges
-            (device synchronisations).
+            (device synchronisations; one with ``backend="triton"``).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``. The per-sample
+            gamma is looked up on the ``N``-vector ``log p_t`` between the two kernels.
 
     Example:
         >>> edges = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
@@ -135,6 +150,14 @@ def adafocal_loss(
         tensor([0.4281, 0.4883])
     """
     check_no_label_smoothing("AdaFocal", label_smoothing)
+    if validate_args and backend == "triton":  # the bins' values join the one read
+        check_adafocal_bins(edges, gammas, validate_args=False)
+        check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+        if use_kernels(logits, backend):
+            check_kernel_inputs(
+                logits, target, ignore_index=ignore_index, extra=_bins(edges, gammas)
+            )
+            validate_args = False
     check_adafocal_bins(edges, gammas, validate_args=validate_args)
     return target_probability_loss(
         logits,
@@ -143,6 +166,7 @@ def adafocal_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         edges=edges,
         gammas=gammas,
     )

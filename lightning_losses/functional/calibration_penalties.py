@@ -44,8 +44,10 @@ from lightning_losses.functional._core import (
     CPU_SMOOTHING_ELEMENTS,
     apply_phi,
     compute_dtype,
+    phi_cross_entropy,
     row_chunks,
 )
+from lightning_losses.functional._kernel_checks import check_index_values
 from lightning_losses.functional.checks import (
     check_dca,
     check_flag,
@@ -56,6 +58,7 @@ from lightning_losses.functional.checks import (
 )
 from lightning_losses.functional.global_batch import concat_over_ranks, sum_over_ranks
 from lightning_losses.functional.target_probability import phi_focal
+from lightning_losses.kernels.availability import use_kernels
 
 #: MMCE's kernel width: the Laplacian kernel ``exp(-|r - r'| / 0.4)`` of the authors' code.
 MMCE_BANDWIDTH = 0.4
@@ -172,6 +175,7 @@ class _Batch(NamedTuple):
     target: Tensor  # [M] class indices, 0 where ignored
     valid: Tensor  # [M] bool
     shape: torch.Size  # the target's shape, for reduction="none"
+    kernels: bool  # the base loss runs on the Triton kernels (backend=)
 
 
 def _batch(
@@ -183,10 +187,18 @@ def _batch(
     validate_args: bool,
     confidence: bool = False,
     class_sums: bool = False,
+    backend: str = "torch",
 ) -> _Batch:
-    """Check the inputs and take the statistics of ``logits`` in one chunked pass."""
+    """Check the inputs and take the statistics of ``logits`` in one chunked pass.
+
+    ``backend`` chooses where the base loss runs (``_Batch.kernels``); on the kernels the value
+    checks cost one synchronisation.
+    """
     check_flag("global_batch", global_batch)
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+    kernels = use_kernels(logits, backend)
+    if validate_args:
+        check_index_values(logits, target, ignore_index=ignore_index, kernels=kernels)
     classes = logits.shape[1]
     flat = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
@@ -195,7 +207,7 @@ def _batch(
     log_pt, log_r, predicted, sums = _BatchStatistics.apply(
         flat, safe, valid, confidence, class_sums
     )
-    return _Batch(log_pt, log_r, predicted, sums, safe, valid, target.shape)
+    return _Batch(log_pt, log_r, predicted, sums, safe, valid, target.shape, kernels)
 
 
 # --- the penalties -----------------------------------------------------------------------------
@@ -408,6 +420,24 @@ def _base_loss(log_pt: Tensor, gamma: float = 0.0) -> Tensor:
     return apply_phi(log_pt, phi_focal, gamma=float(gamma))
 
 
+def _kernel_base_loss(logits: Tensor, batch: _Batch, gamma: float = 0.0) -> Tensor:
+    """The base loss per row by the family's kernels (0 where ignored); the penalty stays torch.
+
+    Its gradient comes from the backward kernel; the penalty's from the torch pass of
+    :class:`_BatchStatistics`, which then writes no ``log p_t`` term.
+    """
+    from lightning_losses.kernels.target_probability import TritonTargetProbability
+
+    if gamma == 0:
+        return TritonTargetProbability.apply(
+            logits, batch.target, batch.valid, phi_cross_entropy, {}
+        )
+    hyperparameters = {"gamma": float(gamma)}
+    return TritonTargetProbability.apply(
+        logits, batch.target, batch.valid, phi_focal, hyperparameters
+    )
+
+
 def mdca_loss(
     logits: Tensor,
     target: Tensor,
@@ -418,6 +448,7 @@ def mdca_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy (or focal loss) plus ``beta`` times MDCA (:func:`mdca_penalty`).
 
@@ -439,6 +470,11 @@ def mdca_loss(
         global_batch: the penalty of the batch of all ranks (the base loss stays this rank's);
             see :mod:`lightning_losses.functional.global_batch`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``beta`` or ``gamma`` negative or not finite; a bad ``reduction`` or
@@ -458,8 +494,13 @@ def mdca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         class_sums=True,
+        backend=backend,
     )
-    base = _base_loss(batch.log_pt, gamma)
+    base = (
+        _kernel_base_loss(logits, batch, gamma)
+        if batch.kernels
+        else _base_loss(batch.log_pt, gamma)
+    )
     return _combine(base, _mdca(batch, global_batch), beta, batch, reduction)
 
 
@@ -472,6 +513,7 @@ def dca_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy plus ``beta`` times DCA (:func:`dca_penalty`).
 
@@ -487,6 +529,11 @@ def dca_loss(
         reduction: ``"mean"``, ``"none"`` or ``"sum"``, as in :func:`mdca_loss`.
         global_batch: the penalty of the batch of all ranks, as in :func:`mdca_loss`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``beta`` negative or not finite; a bad ``reduction`` or ``target``.
@@ -505,8 +552,10 @@ def dca_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
+        backend=backend,
     )
-    return _combine(-batch.log_pt, _dca(batch, global_batch), beta, batch, reduction)
+    base = _kernel_base_loss(logits, batch) if batch.kernels else -batch.log_pt
+    return _combine(base, _dca(batch, global_batch), beta, batch, reduction)
 
 
 def mmce_loss(
@@ -518,6 +567,7 @@ def mmce_loss(
     reduction: str = "mean",
     global_batch: bool = False,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy plus ``lambda_`` times MMCE_m squared (:func:`mmce_penalty`).
 
@@ -534,6 +584,11 @@ def mmce_loss(
         reduction: ``"mean"``, ``"none"`` or ``"sum"``, as in :func:`mdca_loss`.
         global_batch: the penalty of the batch of all ranks, as in :func:`mdca_loss`.
         validate_args: check target values and finite logits (device synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the base loss by the fused kernels
+            of :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error; the penalty stays PyTorch) or
+            ``"torch"``.
 
     Raises:
         ValueError: ``lambda_`` negative or not finite; a bad ``reduction`` or ``target``.
@@ -552,5 +607,7 @@ def mmce_loss(
         global_batch=global_batch,
         validate_args=validate_args,
         confidence=True,
+        backend=backend,
     )
-    return _combine(-batch.log_pt, _mmce(batch, global_batch), lambda_, batch, reduction)
+    base = _kernel_base_loss(logits, batch) if batch.kernels else -batch.log_pt
+    return _combine(base, _mmce(batch, global_batch), lambda_, batch, reduction)

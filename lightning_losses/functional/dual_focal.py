@@ -26,11 +26,13 @@ from lightning_losses.functional._core import (
     reduce_loss,
     row_chunks,
 )
+from lightning_losses.functional._kernel_checks import check_index_values
 from lightning_losses.functional.checks import (
     check_dual_focal,
     check_index_target,
     check_reduction,
 )
+from lightning_losses.kernels.availability import use_kernels
 
 __all__ = ["dual_focal_loss", "dual_focal_terms"]
 
@@ -139,6 +141,7 @@ def dual_focal_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Dual focal loss ``-(1 - p_t + p_j)^gamma log p_t``.
 
@@ -168,7 +171,14 @@ def dual_focal_loss(
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` (over the non-ignored elements)
             or ``"sum"``.
-        validate_args: check target values and finite logits (device synchronisations).
+        validate_args: check target values and finite logits (device synchronisations; one
+            with ``backend="triton"``).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``. The kernels
+            (:mod:`lightning_losses.kernels.dual_focal`) find the runner-up in the forward's
+            one pass and write its column's gradient in the backward's.
 
     Returns:
         The loss; float16 and bfloat16 logits are computed and returned in float32, as every
@@ -186,11 +196,19 @@ def dual_focal_loss(
     """
     check_dual_focal(gamma)
     check_reduction(reduction)
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+    kernels = use_kernels(logits, backend)
+    if validate_args:  # on the kernel path one synchronisation
+        check_index_values(logits, target, ignore_index=ignore_index, kernels=kernels)
     classes = logits.shape[1]
     rows = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
     valid = flat_target != ignore_index
     safe_target = torch.where(valid, flat_target, 0)
-    loss = _FusedDualFocal.apply(rows, safe_target, valid, float(gamma))
+    if kernels:
+        from lightning_losses.kernels.dual_focal import TritonDualFocal
+
+        loss = TritonDualFocal.apply(rows, safe_target, valid, float(gamma), dual_focal_terms)
+    else:
+        loss = _FusedDualFocal.apply(rows, safe_target, valid, float(gamma))
     return reduce_loss(loss.reshape(target.shape), reduction, valid.sum())

@@ -25,7 +25,9 @@ from lightning_losses.functional._core import (
     reduce_loss,
     row_chunks,
 )
+from lightning_losses.functional._kernel_checks import check_index_values
 from lightning_losses.functional.checks import check_index_target, check_mbls, check_reduction
+from lightning_losses.kernels.availability import use_kernels
 
 __all__ = ["mbls_loss"]
 
@@ -105,6 +107,7 @@ def mbls_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Margin-based label smoothing: cross-entropy plus a hinge on the logit distances.
 
@@ -136,7 +139,14 @@ def mbls_loss(
         ignore_index: target value that contributes neither loss nor gradient.
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` (over the non-ignored elements)
             or ``"sum"``.
-        validate_args: check target values and finite logits (device synchronisations).
+        validate_args: check target values and finite logits (device synchronisations; one
+            with ``backend="triton"``).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``. The kernels
+            (:mod:`lightning_losses.kernels.mbls`) fuse the hinge: its sum in the forward's
+            one program per row, its gradient in the backward's one pass.
 
     Returns:
         The loss; float16 and bfloat16 logits are computed and returned in float32, as every
@@ -156,11 +166,19 @@ def mbls_loss(
     """
     check_mbls(margin, alpha)
     check_reduction(reduction)
-    check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
+    check_index_target(logits, target, ignore_index=ignore_index, validate_args=False)
+    kernels = use_kernels(logits, backend)
+    if validate_args:  # on the kernel path one synchronisation
+        check_index_values(logits, target, ignore_index=ignore_index, kernels=kernels)
     classes = logits.shape[1]
     rows = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, classes)
     flat_target = target.reshape(-1).long()
     valid = flat_target != ignore_index
     safe_target = torch.where(valid, flat_target, 0)
-    loss = _FusedMarginLoss.apply(rows, safe_target, valid, float(margin), float(alpha))
+    fused: Any = _FusedMarginLoss
+    if kernels:
+        from lightning_losses.kernels.mbls import TritonMbLS
+
+        fused = TritonMbLS
+    loss = fused.apply(rows, safe_target, valid, float(margin), float(alpha))
     return reduce_loss(loss.reshape(target.shape), reduction, valid.sum())

@@ -254,6 +254,7 @@ def cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Cross-entropy ``-log p_t``: the baseline, with the signature of the rest of the family.
 
@@ -285,6 +286,10 @@ def cross_entropy(
         label_smoothing: ``eps``, a real number in ``[0, 1)``; 0 is plain cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Raises:
         ValueError: ``label_smoothing`` outside ``[0, 1)`` or NaN (``TypeError`` if it is not
@@ -307,6 +312,7 @@ def cross_entropy(
         reduction=reduction,
         label_smoothing=label_smoothing,
         validate_args=validate_args,
+        backend=backend,
     )
 
 
@@ -321,6 +327,7 @@ def gamma_cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Gamma cross-entropy of TaiLr: from cross-entropy to the expected error.
 
@@ -364,6 +371,10 @@ def gamma_cross_entropy(
         reduction: ``"none"`` (shape ``[N, *]``), ``"mean"`` or ``"sum"``.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Raises:
         ValueError: ``gamma``, ``threshold`` or ``label_smoothing`` out of range or NaN
@@ -389,6 +400,7 @@ def gamma_cross_entropy(
         reduction=reduction,
         label_smoothing=label_smoothing,
         validate_args=validate_args,
+        backend=backend,
         gamma=float(gamma),
         threshold=float(threshold),
     )
@@ -403,6 +415,7 @@ def soft_accuracy_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Expected error ``1 - p_t``; its mean is one minus the smooth accuracy.
 
@@ -420,6 +433,10 @@ def soft_accuracy_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -435,6 +452,7 @@ def soft_accuracy_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
     )
 
 
@@ -447,6 +465,7 @@ def _focal_family(
     ignore_index: int,
     reduction: str,
     validate_args: bool,
+    backend: str,
     **hyperparameters,
 ) -> Tensor:
     # alpha_t is a factor of the formula: "mean" stays a plain mean over non-ignored elements.
@@ -459,6 +478,7 @@ def _focal_family(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         weighted_mean=False,
         **hyperparameters,
     )
@@ -474,6 +494,7 @@ def focal_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Focal loss ``-alpha_t (1-p_t)^gamma log p_t``.
 
@@ -499,6 +520,10 @@ def focal_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -515,6 +540,7 @@ def focal_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         gamma=float(gamma),
     )
 
@@ -530,6 +556,7 @@ def adaptive_focal_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Focal loss whose ``gamma`` is picked per sample from ``p_t`` (sample-dependent focal).
 
@@ -552,6 +579,10 @@ def adaptive_focal_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -568,6 +599,7 @@ def adaptive_focal_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         thresholds=tuple(float(v) for v in thresholds),
         gammas=tuple(float(v) for v in gammas),
     )
@@ -583,6 +615,7 @@ def hard_truncated_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Hard truncation: cross-entropy where ``p_t <= margin``, zero where above.
 
@@ -605,6 +638,10 @@ def hard_truncated_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -621,6 +658,7 @@ def hard_truncated_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         margin=float(margin),
     )
 
@@ -635,6 +673,7 @@ def poly1_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Poly-1: cross-entropy plus ``epsilon`` times the first polynomial term, ``1 - p_t``.
 
@@ -667,6 +706,10 @@ def poly1_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` (PyTorch until the Triton kernels are switched on for CUDA
+            tensors, see ``docs/kernels.md``), ``"triton"`` (the fused kernels of
+            :mod:`lightning_losses.kernels` for ``[N, C]`` logits: CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; else a one-line error) or ``"torch"``.
 
     Raises:
         ValueError: ``epsilon`` below -1, NaN or infinite (``TypeError`` if it is not a real
@@ -689,5 +732,6 @@ def poly1_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         validate_args=validate_args,
+        backend=backend,
         epsilon=float(epsilon),
     )

@@ -10,12 +10,14 @@ from torch import Tensor
 
 from lightning_losses.functional._core import compute_dtype, reduce_loss, target_log_prob
 from lightning_losses.functional.checks import (
+    check_choice,
     check_class_vector,
     check_index_target,
     check_range,
     check_reduction,
 )
 from lightning_losses.functional.target_probability import check_no_label_smoothing
+from lightning_losses.kernels.availability import BACKENDS
 from lightning_losses.loss_ranges import LOSS_RANGES
 
 
@@ -34,6 +36,7 @@ def soft_truncated_loss(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     validate_args: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
     """Soft truncation ``-softmax(-k x)_t * log softmax(x)_t``.
 
@@ -59,6 +62,11 @@ def soft_truncated_loss(
             cross-entropy.
         validate_args: check target values, finite logits and weights (device
             synchronisations).
+        backend: ``"auto"`` or ``"torch"`` (PyTorch); ``"triton"`` raises a one-line
+            ``ValueError``: the loss is not of the target-probability family (its factor
+            ``softmax(-k x)_t`` needs a second log-sum-exp and its own gradient), so the
+            family's kernels do not compute it. Accepted so that a config can switch losses
+            and keep the key.
 
     Example:
         >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -68,6 +76,12 @@ def soft_truncated_loss(
     check_no_label_smoothing("soft truncation", label_smoothing)
     check_soft_truncated(k)
     check_reduction(reduction)
+    check_choice("backend", backend, BACKENDS)
+    if backend == "triton":
+        raise ValueError(
+            "backend='triton' is not available for soft_truncated_loss (not of the "
+            "target-probability family, no kernel); use backend='auto' or 'torch'"
+        )
     check_index_target(logits, target, ignore_index=ignore_index, validate_args=validate_args)
     weight = check_class_vector("weight", weight, logits, validate_args=validate_args)
     valid = target != ignore_index

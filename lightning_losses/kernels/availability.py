@@ -80,6 +80,9 @@ def kernels_can_run(tensor: Tensor) -> bool:
 #: PyTorch path and ``backend="triton"`` opts in.
 AUTO_USES_KERNELS = False
 
+#: The values of ``backend=``.
+BACKENDS = ("auto", "triton", "torch")
+
 
 def use_kernels(logits: Tensor, backend: str) -> bool:
     """Whether ``backend`` (``"auto"``, ``"triton"`` or ``"torch"``) runs the kernels on ``logits``.
@@ -110,8 +113,9 @@ def use_kernels(logits: Tensor, backend: str) -> bool:
         )
     if backend == "torch":
         return False
-    if backend != "triton":
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+    if backend != "triton":  # the message of functional.checks.check_choice (a lower layer)
+        choices = ", ".join(repr(choice) for choice in BACKENDS)
+        raise ValueError(f"backend must be one of {choices}; got {backend!r}")
     if logits.dim() != 2:
         raise RuntimeError(
             f"backend='triton' takes [N, C] logits; got shape {list(logits.shape)} "

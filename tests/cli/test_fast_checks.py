@@ -24,6 +24,7 @@ from lightning_losses import callbacks, data, losses
 from lightning_losses.cli.checks import UsageError, check_command_line
 from lightning_losses.cli.config_files import config_program
 from lightning_losses.cli.option_names import (
+    callback_arguments,
     classifier_arguments,
     data_arguments,
     loss_arguments,
@@ -85,6 +86,38 @@ CASES = {
             "--trainer.callbacks.init_args.lambda_=0",
         ],
         "trainer.callbacks[4]: AdaFocalUpdate: lambda_ must lie in (0, inf); got 0.0",
+    ),
+    "callback-folds": (
+        [
+            "--trainer.callbacks+=lightning_losses.callbacks.PostHocCalibration",
+            "--trainer.callbacks.init_args.folds=1",
+        ],
+        "trainer.callbacks[4]: PostHocCalibration: folds must be >= 2; got 1",
+    ),
+    "callback-total": (
+        [
+            "--trainer.callbacks+=lightning_losses.callbacks.GammaAnnealing",
+            "--trainer.callbacks.total=0",
+        ],
+        "trainer.callbacks[4]: GammaAnnealing: total must be >= 1; got 0",
+    ),
+    "callback-key": (
+        [
+            "--trainer.callbacks+=lightning_losses.callbacks.CalibrationMonitor",
+            "--trainer.callbacks.n_bin=3",
+        ],
+        "--trainer.callbacks.n_bin: CalibrationMonitor has no argument 'n_bin'; did you mean "
+        "n_bins?",
+    ),
+    "callback-key-apart": (
+        [
+            "--trainer.callbacks+",
+            "lightning_losses.callbacks.PostHocCalibration",
+            "--trainer.callbacks.init_args.fold",
+            "3",
+        ],
+        "--trainer.callbacks.init_args.fold: PostHocCalibration has no argument 'fold'; did you "
+        "mean folds?",
     ),
     "trainer-key": (
         ["--trainer.max_epoch=2"],
@@ -225,6 +258,12 @@ def test_the_names_read_from_the_source_are_the_signatures():
     for name in ("DigitsDataModule", "RareDigitDataModule", "MNIST1DDataModule"):
         datamodule = getattr(data, name)
         assert data_arguments(name) == set(inspect.signature(datamodule).parameters), name
+    for name in callbacks.__all__:
+        callback = getattr(callbacks, name)
+        if not isinstance(callback, type) or not issubclass(callback, L.Callback):
+            continue  # the schedules: not callbacks, never --trainer.callbacks
+        expected = set(inspect.signature(callback).parameters)
+        assert callback_arguments(f"lightning_losses.callbacks.{name}") == expected, name
 
 
 FIT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if config_program(p) == "fit")

@@ -236,6 +236,7 @@ def test_gamma_cross_entropy_signature():
         "ignore_index",
         "reduction",
         "validate_args",
+        "backend",
     ]
 
 

@@ -30,9 +30,11 @@ def test_every_kernel_compiles_for_sm80_and_sm90(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     builds = [json.loads(line) for line in result.stdout.splitlines()]
-    # 2 kernels x 3 dtypes x 2 variants x 2 architectures; the head's 2 kernels x 4 builds x 2
-    assert len(builds) == 24 + 16
-    kernels = ("forward", "backward", "head_statistics", "head_gradient")
+    # the family's 2 kernels x 3 dtypes x 2 variants x 2 architectures, MbLS's 2 kernels x 2
+    # dtypes (float32, bfloat16) x 2 architectures, and the head's 2 kernels x 4 builds x 2
+    assert len(builds) == 24 + 8 + 16
+    kernels = ("forward", "backward", "mbls_forward", "mbls_backward")
+    kernels += ("head_statistics", "head_gradient")
     assert {(b["kernel"], b["arch"]) for b in builds} == {(k, a) for k in kernels for a in (80, 90)}
     empty = [b for b in builds if b["cubin"] == 0 or b["ptx"] == 0]
     assert not empty, empty

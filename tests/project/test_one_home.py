@@ -111,6 +111,10 @@ ALLOWED: dict[str, set[str]] = {
         "check_chunk_size",
     },
     "lightning_losses/functional/multilabel.py": {"check_nm"},
+    # The kernel path's one read of the checks module's own checks (targets, finite logits,
+    # class weights, AdaFocal's bins): their conditions stacked on the device and read at once,
+    # the checks module's function rerun only to raise its error.
+    "lightning_losses/functional/_kernel_checks.py": {"check_index_values", "check_kernel_inputs"},
     # The console's rule of which command runs a shipped config (fit or lm): a command-line
     # check of config names, not of a function's arguments.
     "lightning_losses/cli/config_files.py": {"_check_program", "check_config_programs"},

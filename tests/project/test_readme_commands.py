@@ -63,6 +63,7 @@ def _command(line: str) -> str:
 def fresh_shell_env() -> dict[str, str]:
     """The environment of a new user's shell: no virtual environment on ``PATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "MLFLOW_"))}
+    env.pop("PYTHONPATH", None)  # the suite's (tests/helpers/store_template): not a user's
     bins = {str(VENV / "bin"), str(Path(sys.executable).parent)}
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p not in bins]
     env["PATH"] = os.pathsep.join(path or ["/usr/bin", "/bin"])

@@ -75,5 +75,5 @@ def test_backend_auto_and_torch_keep_the_torch_path_on_cpu(monkeypatch: pytest.M
     for backend in ("auto", "torch"):
         target_probability_loss(x, target, phi_cross_entropy, backend=backend)
     assert launches == []
-    with pytest.raises(ValueError, match="backend must be 'auto', 'triton' or 'torch'"):
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'triton', 'torch'"):
         target_probability_loss(x, target, phi_cross_entropy, backend="cuda")
