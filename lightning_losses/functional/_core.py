@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_losses.functional._small import small_rows
 from lightning_losses.functional.checks import (
     check_class_indices,
     check_class_vector,
@@ -529,6 +530,19 @@ def _weigh_and_reduce(
     return reduce_loss(loss, reduction, denominator)
 
 
+def takes_small_rows(logits: Tensor) -> bool:
+    """Whether the loss goes through :func:`~._small.small_rows`: small 2-D CPU logits.
+
+    At most :data:`SMALL_ELEMENTS` elements and at least one row, outside CPU autocast.
+    """
+    return (
+        logits.dim() == 2
+        and logits.is_cpu
+        and 0 < logits.numel() <= SMALL_ELEMENTS
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
 def target_probability_loss(
     logits: Tensor,
     target: Tensor,
@@ -586,6 +600,20 @@ def target_probability_loss(
         weight = check_class_vector(weight_name, weight, logits, validate_args=False)
     eps = float(label_smoothing)
     kernels = use_kernels(logits, backend)
+    if not kernels and takes_small_rows(logits):
+        return small_rows(
+            logits,
+            target,
+            None if phi is phi_cross_entropy and weighted_mean else phi,
+            hyperparameters,
+            weight,
+            weight_name,
+            ignore_index,
+            reduction,
+            eps,
+            validate_args,
+            weighted_mean,
+        )
     if not kernels and (logits.dim() > 2 or logits.numel() <= SMALL_ELEMENTS):
         return _unfused_loss(
             logits,
