@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_losses.functional._small import small_rows
+from lightning_losses.functional._small import TRANSPOSED_CLASSES, small_rows
 from lightning_losses.functional.checks import (
     check_class_indices,
     check_class_vector,
@@ -530,15 +530,23 @@ def _weigh_and_reduce(
     return reduce_loss(loss, reduction, denominator)
 
 
-def takes_small_rows(logits: Tensor) -> bool:
+def takes_small_rows(logits: Tensor, phi: Phi, eps: float, weighted_mean: bool) -> bool:
     """Whether the loss goes through :func:`~._small.small_rows`: small 2-D CPU logits.
 
-    At most :data:`SMALL_ELEMENTS` elements and at least one row, outside CPU autocast.
+    At most :data:`SMALL_ELEMENTS` elements, at least one row, rows of 3 to 15 classes (whose
+    log-softmax PyTorch's CPU kernel does not vectorise: :data:`~._small.TRANSPOSED_CLASSES`),
+    outside CPU autocast; not plain cross-entropy, which is
+    :func:`torch.nn.functional.cross_entropy` itself. Measured on one CPU thread (forward +
+    backward of the modules, each timed after a call of itself): 6-8% less time than the
+    ``[N, C, *]`` path for focal loss, Poly-1, gamma cross-entropy and smoothed cross-entropy
+    at ``[100, 10]``, the same at ``[32, 10]``, 2-7% more at ``[256, 100]`` (hence the range).
     """
     return (
         logits.dim() == 2
+        and logits.shape[1] in TRANSPOSED_CLASSES
         and logits.is_cpu
         and 0 < logits.numel() <= SMALL_ELEMENTS
+        and not (phi is phi_cross_entropy and weighted_mean and eps == 0)
         and not torch.is_autocast_enabled("cpu")
     )
 
@@ -600,7 +608,7 @@ def target_probability_loss(
         weight = check_class_vector(weight_name, weight, logits, validate_args=False)
     eps = float(label_smoothing)
     kernels = use_kernels(logits, backend)
-    if not kernels and takes_small_rows(logits):
+    if not kernels and takes_small_rows(logits, phi, eps, weighted_mean):
         return small_rows(
             logits,
             target,

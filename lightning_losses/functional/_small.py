@@ -1,25 +1,25 @@
-"""Small ``[N, C]`` logits on a CPU: the whole loss of the family in one autograd node.
+"""Small ``[N, C]`` logits of short rows on a CPU: the family's loss in one autograd node.
 
 At small sizes a loss costs the calls around its kernels, not its passes over the logits
-(each PyTorch operation costs a few microseconds of dispatch; so does each autograd node). Here
-one :class:`torch.autograd.Function` does the forward (log-softmax, ``log p_t``, ``phi``, the
-weights, the label-smoothing term and the reduction) and writes the gradient analytically in
-its backward::
+(each PyTorch operation costs a few microseconds of dispatch; so does each autograd node), and
+PyTorch's CPU log-softmax does not vectorise rows of fewer than 16 classes (measured on one
+thread at ``[100, 10]``: 16 µs along the rows, 4.5 µs along the columns of the transpose;
+2.6-3.6 µs either way from 16 classes on, 5 µs both ways at 3). For such rows one
+:class:`torch.autograd.Function` takes the log-softmax of the transpose and does the rest of
+the forward (``log p_t``, ``phi``, the weights, the label-smoothing term, the reduction), and
+writes the gradient in the same forward::
 
     d loss / d x_ij = r_i (onehot(t_i)_j - p_ij) + h_i (W p_ij - w_j)
 
-with ``r_i`` the upstream gradient times ``phi'(log p_t)`` times the row's coefficient (class
-weight, ``1 - eps``, the mean's ``1 / denominator``), ``h_i`` that of the smoothing term
-``eps / C * sum_c w_c (-log p_ic)`` and ``W = sum_c w_c`` (see :mod:`._core` for the formulas).
+with ``r_i`` the row's coefficient (class weight, ``1 - eps``, the mean's ``1 /
+denominator``) times ``phi'(log p_t)``, ``h_i`` that of the smoothing term ``eps / C * sum_c
+w_c (-log p_ic)`` and ``W = sum_c w_c`` (see :mod:`._core`); the backward multiplies it by the
+upstream gradient. The values are those of the other paths up to the order of a sum of ``C``
+terms. :func:`._core.takes_small_rows` says which calls come here and what it saves.
 
-The log-softmax of rows of fewer than 16 classes is taken along dimension 0 of the transposed
-logits: PyTorch's CPU kernel along the last dimension does not vectorise such short rows
-(measured on one thread at ``[100, 10]``: 16 µs along the rows, 4.5 µs along the columns of
-the transpose; 2.6-3.6 µs either way from 16 classes on). The values are the same up to the
-order of a sum of ``C`` terms.
-
-The checks stay on: the targets' range is read from one ``aminmax`` (which also tells whether
-any target is ignored), the logits' finiteness from one sum, each a CPU scalar read for free.
+The checks stay on: a target out of ``[0, C)`` makes the gather fail, and only then are the
+targets looked at (the package's one-line error, or the batch again with its ignored rows
+masked); the logits' finiteness is read from one sum, a CPU scalar.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.functional.checks import (
@@ -199,8 +198,6 @@ def small_rows(
         target = target.long()
     if validate_args and weight is not None:
         check_class_weights(weight_name, weight)
-    if phi is None and eps == 0:
-        return _cross_entropy(x, target, weight, ignore_index, reduction, validate_args)
     arguments = (phi, hyperparameters, weight, reduction, eps, validate_args, weighted_mean)
     classes = x.shape[1]
     if not 0 <= ignore_index < classes:  # the common case: nothing to mask unless it fails
@@ -214,39 +211,6 @@ def small_rows(
         check_class_indices("target", target, classes, ignore_index=ignore_index)
     valid = target != ignore_index
     return _rows(x, torch.where(valid, target, 0), valid, *arguments)
-
-
-def _cross_entropy(
-    x: Tensor,
-    target: Tensor,
-    weight: Tensor | None,
-    ignore_index: int,
-    reduction: str,
-    validate_args: bool,
-) -> Tensor:
-    """:func:`torch.nn.functional.cross_entropy` itself, its checks read from two CPU scalars.
-
-    PyTorch's kernel checks the target values (its error is replaced by the package's). The
-    logits are finite when their sum is; a ``"mean"`` that is not finite is looked at again:
-    over nothing (every target ignored, or weights summing to 0) it is 0, the sum.
-    """
-    if weight is not None:
-        weight = weight.to(x.dtype)
-    try:
-        loss = F.cross_entropy(x, target, weight, ignore_index=ignore_index, reduction=reduction)
-    except (IndexError, RuntimeError):
-        check_class_indices("target", target, x.shape[1], ignore_index=ignore_index)
-        raise
-    if validate_args and not math.isfinite(x.detach().sum().item()):
-        check_finite("logits", x)
-    if reduction == "mean" and not math.isfinite(loss.item()):
-        valid = target != ignore_index
-        total = (
-            valid.sum() if weight is None else (weight[torch.where(valid, target, 0)] * valid).sum()
-        )
-        if not bool(total > 0):
-            return F.cross_entropy(x, target, weight, ignore_index=ignore_index, reduction="sum")
-    return loss
 
 
 def _rows(

@@ -1,10 +1,9 @@
-"""The small path of the family (``_small.py``): one autograd node for small 2-D CPU logits.
+"""The small path of the family (``_small.py``): one autograd node for small CPU logits.
 
-Every loss of the family on small ``[N, C]`` CPU logits goes through ``_small._SmallRows``
-(cross-entropy without label smoothing through ``F.cross_entropy`` itself). Here its own
-choices are tested against the loss written out in float64: rows of fewer than 16 classes take
-the log-softmax of the transpose (C = 2, 3, 15 on either side of that range, 16 and 40
-beyond it), ``ignore_index`` inside ``[0, C)``, a non-uniform upstream gradient for
+Every loss of the family but plain cross-entropy, on small ``[N, C]`` CPU logits of 3 to 15
+classes, goes through ``_small._SmallRows``; other sizes keep the ``[N, C, *]`` path. Here
+both sides of that boundary (C = 2, 3, 15, 16, 40) are tested against the loss written out in
+float64, with ``ignore_index`` inside ``[0, C)``, a non-uniform upstream gradient for
 ``reduction="none"``, int32 targets and half-precision logits, a second backward through a
 kept graph, and the one-line errors of the checks it keeps.
 """
@@ -213,10 +212,22 @@ def test_non_finite_logits_are_found_and_unchecked_ignored_rows_stay_zero(bad):
     assert torch.isfinite(value).all()
 
 
-def test_only_small_two_dimensional_cpu_logits_take_it():
-    assert _core.takes_small_rows(torch.zeros(4, 10))
-    assert not _core.takes_small_rows(torch.zeros(0, 10))
-    assert not _core.takes_small_rows(torch.zeros(4, 10, 2))
-    assert not _core.takes_small_rows(torch.zeros(_core.SMALL_ELEMENTS + 1, 1))
+def test_only_small_two_dimensional_cpu_logits_of_short_rows_take_it():
+    focal = _core.phi_cross_entropy, LF.target_probability.phi_focal
+
+    def takes(logits, phi=focal[1], eps=0.0, weighted_mean=True):
+        return _core.takes_small_rows(logits, phi, eps, weighted_mean)
+
+    assert takes(torch.zeros(4, 10))
+    assert takes(torch.zeros(4, 3))
+    assert takes(torch.zeros(4, 15))
+    assert not takes(torch.zeros(4, 2))
+    assert not takes(torch.zeros(4, 16))
+    assert not takes(torch.zeros(0, 10))
+    assert not takes(torch.zeros(4, 10, 2))
+    assert not takes(torch.zeros(_core.SMALL_ELEMENTS // 10 + 1, 10))
+    assert not takes(torch.zeros(4, 10), phi=focal[0])  # plain cross-entropy: F.cross_entropy
+    assert takes(torch.zeros(4, 10), phi=focal[0], eps=0.1)
+    assert takes(torch.zeros(4, 10), phi=focal[0], weighted_mean=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not _core.takes_small_rows(torch.zeros(4, 10))
+        assert not takes(torch.zeros(4, 10))
