@@ -192,6 +192,13 @@ def small_rows(
     finite logits and weights (with ``validate_args``), each with the package's one-line
     error. A batch is first tried as if nothing were ignored (no mask): a target out of
     ``[0, C)`` makes the gather fail, and only then are the targets looked at.
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> target = torch.tensor([0, -100])
+        >>> options = ("weight", -100, "mean", 0.0, True, True)
+        >>> small_rows(logits, target, None, {}, None, *options)  # -log p_0 of row 0
+        tensor(0.2395)
     """
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     if target.dtype != torch.int64:
