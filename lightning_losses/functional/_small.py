@@ -54,9 +54,9 @@ def log_softmax_rows(x: Tensor) -> Tensor:
     return torch.log_softmax(x, dim=1)
 
 
-#: ``(valid, coefficient, smooth, factor, reduction, validate)`` of :class:`_SmallRows`.
+#: ``(valid, coefficient, smooth, factor, reduction, validate, gradient)`` of :class:`_SmallRows`.
 RowsSpec = tuple[
-    Tensor | None, Tensor | None, tuple[Tensor, Tensor | None] | None, float, str, bool
+    Tensor | None, Tensor | None, tuple[Tensor, Tensor | None] | None, float, str, bool, bool
 ]
 
 
@@ -70,7 +70,8 @@ class _SmallRows(torch.autograd.Function):
     ``None`` or ``(b, w)`` (``w`` ``None``: all 1); ``factor`` multiplies the sum (``1 /
     denominator`` for ``"mean"``; ``0`` asks for ``mean()`` itself, nothing being weighted or
     ignored); with ``validate`` the logits' sum must be finite (else
-    :func:`~lightning_losses.functional.checks.check_finite` names the entry). ``phi``
+    :func:`~lightning_losses.functional.checks.check_finite` names the entry); ``gradient``
+    says whether the call is recorded for a backward (grad mode on, logits requiring grad). ``phi``
     ``None`` is cross-entropy (``phi = -log p``, ``phi' = -1``).
 
     The gradient is written in the forward, for an upstream gradient of 1 (the backward
@@ -87,7 +88,7 @@ class _SmallRows(torch.autograd.Function):
         phi: Any,
         hyperparameters: dict[str, Any],
     ) -> Tensor:
-        valid, _, _, _, reduction, validate = spec
+        valid, _, _, _, reduction, validate, gradient = spec
         if validate and not math.isfinite(logits.sum().item()):
             check_finite("logits", logits)
         log_softmax = log_softmax_rows(logits)
@@ -101,7 +102,7 @@ class _SmallRows(torch.autograd.Function):
             value, derivative = phi(log_p, **hyperparameters)
         loss = _reduce(value, log_softmax, spec)
         ctx.reduction = reduction
-        if ctx.needs_input_grad[0]:
+        if gradient:
             ctx.save_for_backward(_gradient(log_softmax, index, derivative, spec))
         return loss
 
@@ -122,7 +123,7 @@ class _SmallRows(torch.autograd.Function):
 
 def _reduce(value: Tensor, log_softmax: Tensor, spec: RowsSpec) -> Tensor:
     """``a_i phi_i + b_i s_i`` per row, or summed and times ``factor``."""
-    valid, coefficient, smooth, factor, reduction, _ = spec
+    valid, coefficient, smooth, factor, reduction, _, _ = spec
     total = None
     if smooth is not None:  # sum_c w_c log p_c = -s_i
         b, class_weight = smooth
@@ -148,7 +149,7 @@ def _gradient(
     ``r = factor * a * phi'`` (``phi'`` ``None``: -1), ``h = factor * b``. Overwrites
     ``log_softmax`` (with the softmax, then the gradient).
     """
-    _, coefficient, smooth, factor, _, _ = spec
+    _, coefficient, smooth, factor, _, _, _ = spec
     if factor == 0.0:
         factor = 1.0 / log_softmax.shape[0]
     if derivative is None:  # cross-entropy
@@ -259,5 +260,6 @@ def _rows(
         factor = 1.0 / denominator
         if coefficient is None and smooth is None and valid is None:
             factor = 0.0  # mean() itself
-    spec = (valid, coefficient, smooth, factor, reduction, validate_args)
+    gradient = x.requires_grad and torch.is_grad_enabled()
+    spec = (valid, coefficient, smooth, factor, reduction, validate_args, gradient)
     return _SmallRows.apply(x, target, spec, phi, hyperparameters)

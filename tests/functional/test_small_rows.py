@@ -231,3 +231,18 @@ def test_only_small_two_dimensional_cpu_logits_of_short_rows_take_it():
     assert takes(torch.zeros(4, 10), phi=focal[0], weighted_mean=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not takes(torch.zeros(4, 10))
+
+
+def test_the_gradient_is_written_only_for_a_recorded_call(monkeypatch):
+    calls = []
+    gradient = _small._gradient
+    monkeypatch.setattr(_small, "_gradient", lambda *a: calls.append(1) or gradient(*a))
+    x, t, _ = inputs(10)
+    t = t.clamp_min(0)
+    LF.focal_loss(x, t)  # logits without grad
+    with torch.no_grad():
+        LF.focal_loss(x.requires_grad_(), t)
+    assert calls == []
+    LF.focal_loss(x, t).backward()
+    assert calls == [1]
+    assert x.grad is not None
