@@ -31,6 +31,8 @@ logits (``--small-sizes``, by default [100, 10], [32, 10] and [256, 100]) on one
 with the argument checks on (``validate_args=True``, the default) and off, each over
 ``F.cross_entropy`` timed in the same run. Every call is timed on its own (``--small-repeats``
 of them per case, the cases in turn within each repetition) and the median is shown, in µs.
+With ``--small-warm`` each timed call follows an untimed call of the same case (a call's time
+depends on the one before it; see :func:`small_medians`).
 Targets: ``CrossEntropyLoss`` within 1.2x ``F.cross_entropy``, every other loss within 2x, with
 the checks on.
 """
@@ -223,13 +225,22 @@ def small_cases(x: torch.Tensor, t: torch.Tensor) -> dict[str, Callable[[], torc
 
 
 def small_medians(
-    cases: dict[str, Callable[[], torch.Tensor]], x: torch.Tensor, repeats: int
+    cases: dict[str, Callable[[], torch.Tensor]], x: torch.Tensor, repeats: int, warm: bool = False
 ) -> dict[str, float]:
-    """Median seconds of one forward + backward of each case, the cases in turn (warmed up)."""
+    """Median seconds of one forward + backward of each case, the cases in turn (warmed up).
+
+    A call's time depends on the call before it (the caches and the allocator it leaves:
+    ``F.cross_entropy`` at [100, 10] measured 15-20 µs slower right after a loss of a dozen
+    operations than right after itself). In turn, each case follows another; with ``warm``
+    each timed call follows an untimed call of the same case, as in consecutive steps.
+    """
     times: dict[str, list[float]] = {name: [] for name in cases}
     for repeat in range(repeats + 20):
         for name, case in cases.items():
             x.grad = None
+            if warm:
+                case().backward()
+                x.grad = None
             start = time.perf_counter()
             case().backward()
             elapsed = time.perf_counter() - start
@@ -245,11 +256,12 @@ def small_table(args: argparse.Namespace) -> None:
     for size in args.small_sizes:
         rows, classes = (int(v) for v in size.split("x"))
         x, t, _ = make_inputs(rows, classes, binary=False)
-        median = small_medians(small_cases(x, t), x, args.small_repeats)
+        median = small_medians(small_cases(x, t), x, args.small_repeats, args.small_warm)
         base = median["F.cross_entropy"]
         title = (
             f"forward+backward of the loss modules, logits [{rows}, {classes}] float32, CPU "
             f"(1 thread), torch {torch.__version__}; median of {args.small_repeats} calls each"
+            f"{', each after a call of itself' if args.small_warm else ', the cases in turn'}"
         )
         header = ["loss", "µs", "/ F.cross_entropy", "µs unchecked", "/ F.cross_entropy"]
         table = [["F.cross_entropy", f"{1e6 * base:.1f}", "1.00x", "", ""]]
@@ -398,6 +410,11 @@ def parse_args() -> argparse.Namespace:
         help="logits of the --small table",
     )
     parser.add_argument("--small-repeats", type=int, default=1000, help="calls per --small case")
+    parser.add_argument(
+        "--small-warm",
+        action="store_true",
+        help="--small: time each call right after an untimed call of the same case",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(
