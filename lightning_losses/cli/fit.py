@@ -361,10 +361,17 @@ class LossesCLI(TrackingCLI):
         super().before_instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """Without ``--verbose``: Lightning's progress bar off (:func:`progress_bar_off`)."""
+        """Without ``--verbose``: the progress bar (:func:`progress_bar_off`) and summary off."""
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         if not self.verbose and progress_bar_off(config, self.subcommand):
             kwargs.setdefault("enable_progress_bar", False)  # the saved config keeps its value
+        if (
+            not self.verbose
+            and ((config or {}).get("trainer") or {}).get("enable_model_summary") is None
+        ):
+            # Lightning's plain summary is an info line (kept out); with `rich` installed (it
+            # comes with transformers) it would print a table to the console instead.
+            kwargs.setdefault("enable_model_summary", False)
         trainer = super().instantiate_trainer(**kwargs)
         use_atomic_saves(trainer)  # a failed save leaves no partial .ckpt
         return trainer

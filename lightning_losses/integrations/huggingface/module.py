@@ -193,7 +193,14 @@ class HFCausalLM(TokenLanguageModel):
         (the same logits); ``HFCausalLM(pretrained=folder)`` trains on from it.
         """  # noqa: E501
         path = Path(folder)
-        self.model.save_pretrained(str(path))
+        hf_logging = require("transformers").utils.logging
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
+        try:
+            self.model.save_pretrained(str(path))
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         if tokenizer is not None:
             convert = getattr(tokenizer, "to_transformers", None)
             (convert() if callable(convert) else tokenizer).save_pretrained(str(path))
