@@ -184,3 +184,19 @@ def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
     with pytest.raises(ModuleNotFoundError, match=r"pip install lightning-losses\[hf\]") as info:
         require("tokenizers")
     assert "\n" not in str(info.value)
+
+
+def test_a_criterion_module_gives_the_loss_of_its_keywords_and_follows_its_attributes():
+    from lightning_losses.losses import LinearTargetLoss
+
+    model = make_model("qwen2")
+    inputs = batch("padding")
+    criterion = LinearTargetLoss("gamma_ce", gamma=1e-7, threshold=0.2)
+    by_name = causal_lm_loss(model, **inputs, loss="gamma_ce", gamma=1e-7, threshold=0.2)
+    torch.testing.assert_close(causal_lm_loss(model, **inputs, criterion=criterion), by_name)
+    criterion.gamma = 0.5  # what GammaAnnealing does
+    moved = causal_lm_loss(model, **inputs, loss="gamma_ce", gamma=0.5, threshold=0.2)
+    torch.testing.assert_close(causal_lm_loss(model, **inputs, criterion=criterion), moved)
+    assert not torch.allclose(moved, by_name)
+    with pytest.raises(ValueError, match=r"^criterion: give either a criterion or loss="):
+        causal_lm_loss(model, **inputs, criterion=criterion, gamma=0.5)

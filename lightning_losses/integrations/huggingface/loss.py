@@ -14,7 +14,7 @@ Source: the shift and the mean over the non-ignored labels are those of ``transf
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -193,6 +193,7 @@ def causal_lm_loss(
     *,
     attention_mask: Tensor | None = None,
     loss: str = "ce",
+    criterion: Callable[..., Tensor] | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     **hyperparameters: Any,
 ) -> Tensor:
@@ -223,6 +224,10 @@ def causal_lm_loss(
             wanted; ``None``: ``input_ids`` with the padding (``attention_mask == 0``) ignored.
         attention_mask: ``[B, L]`` 1 for tokens, 0 for padding; passed to the decoder.
         loss: a loss of the family: ``ce``, ``gamma_ce``, ``focal``, ``poly1``...
+        criterion: instead of ``loss`` and its keywords, a
+            :class:`~lightning_losses.LinearTargetLoss` (e.g. a ``LossMixin``'s
+            ``self.criterion``), called as ``criterion(hidden, weight, target, bias)``: its
+            attributes can then be scheduled (``GammaAnnealing`` sets ``criterion.gamma``).
         model_kwargs: further keywords for the decoder (``position_ids``...).
         **hyperparameters: the loss's keywords (``gamma``, ``threshold``, ``label_smoothing``)
             and :func:`~lightning_losses.functional.linear.linear_target_loss`'s own
@@ -248,9 +253,20 @@ def causal_lm_loss(
         True
         >>> causal_lm_loss(model, ids, loss="gamma_ce", gamma=1e-7, threshold=0.2).shape
         torch.Size([])
+        >>> from lightning_losses import LinearTargetLoss
+        >>> tailr = LinearTargetLoss("gamma_ce", gamma=1e-7, threshold=0.2)
+        >>> torch.equal(causal_lm_loss(model, ids, criterion=tailr),
+        ...             causal_lm_loss(model, ids, loss="gamma_ce", gamma=1e-7, threshold=0.2))
+        True
     """
     check_plain_head(model)
-    ignore_index = int(hyperparameters.get("ignore_index", -100))
+    if criterion is not None and (loss != "ce" or hyperparameters):
+        raise ValueError(
+            "criterion: give either a criterion or loss= with its keywords, not both; got "
+            f"loss={loss!r} and {sorted(hyperparameters)}"
+        )
+    default_ignore = getattr(criterion, "ignore_index", -100)
+    ignore_index = int(hyperparameters.get("ignore_index", default_ignore))
     labels = causal_lm_labels(
         input_ids, labels, attention_mask=attention_mask, ignore_index=ignore_index
     )
@@ -259,7 +275,8 @@ def causal_lm_loss(
         model, input_ids, attention_mask=attention_mask, model_kwargs=model_kwargs
     )
     hidden, target = shift_for_next_token(hidden, labels)
+    target = target.to(hidden.device)
+    if criterion is not None:
+        return criterion(hidden, weight, target, bias)
     extra = _shift_token_tensors(hyperparameters, labels)
-    return linear_target_loss(
-        hidden, weight, target.to(hidden.device), loss=loss, bias=bias, **extra
-    )
+    return linear_target_loss(hidden, weight, target, loss=loss, bias=bias, **extra)
