@@ -180,7 +180,9 @@ def test_a_shipped_hf_config_fits_from_the_command_line(tmp_path):
     # The SavePretrained callback's export: model and tokenizer load with from_pretrained.
     checkpoints = Path(re.search(r"  checkpoints: (\S+)", done.stdout).group(1))
     assert (checkpoints / "last.ckpt").is_file()
-    exported = checkpoints / "pretrained"
+    files = sorted(p.name for p in checkpoints.iterdir())
+    assert files == ["best-epoch=0-step=2.ckpt", "last.ckpt"]
+    exported = checkpoints.parent / "pretrained"  # beside the checkpoints
     model = transformers.AutoModelForCausalLM.from_pretrained(exported)
     tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
     assert type(model).__name__ == "LlamaForCausalLM"

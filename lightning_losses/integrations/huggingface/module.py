@@ -210,13 +210,14 @@ class HFCausalLM(TokenLanguageModel):
 class SavePretrained(L.Callback):
     """At the end of a fit, export the model with ``save_pretrained`` (rank 0).
 
-    Writes :meth:`HFCausalLM.save_pretrained` into ``dirpath``, by default ``pretrained/``
-    beside the checkpoints (the trainer's checkpoint folder), with the DataModule's tokenizer
+    Writes :meth:`HFCausalLM.save_pretrained` into ``dirpath``, by default the folder
+    ``pretrained/`` beside the checkpoint folder (of a tracked fit:
+    ``mlflow_runs/<experiment>/<run>/pretrained``), with the DataModule's tokenizer
     when it has one (``datamodule.tokenizer``). A checkpoint exports later the same way:
     ``HFCausalLM.load_from_checkpoint(path).save_pretrained(folder)``.
 
     Args:
-        dirpath: the folder; ``None``: ``<checkpoint folder>/pretrained``.
+        dirpath: the folder; ``None``: ``<checkpoint folder>/../pretrained``.
     """
 
     def __init__(self, dirpath: str | None = None) -> None:
@@ -237,4 +238,6 @@ class SavePretrained(L.Callback):
     def _default_folder(trainer: L.Trainer) -> Path:
         checkpoint = trainer.checkpoint_callback
         dirpath = getattr(checkpoint, "dirpath", None)
-        return Path(dirpath or trainer.default_root_dir) / "pretrained"
+        if dirpath:  # beside it, not in it: the checkpoint folder holds the .ckpt files only
+            return Path(dirpath).parent / "pretrained"
+        return Path(trainer.default_root_dir) / "pretrained"
