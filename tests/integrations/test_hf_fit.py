@@ -100,7 +100,7 @@ def test_resume_from_last_ckpt_is_exact_and_gamma_annealing_moves_tailrs_gamma(t
     trainer(tmp_path / "b", 1, [annealing()]).fit(first, datamodule=dm)
     resumed_seen = GammaSeen()
     resumed = module(dm, copy.deepcopy(tailr))
-    trainer(tmp_path / "b", 2, [annealing(), resumed_seen]).fit(
+    trainer(tmp_path / "c", 2, [annealing(), resumed_seen]).fit(
         resumed, datamodule=dm, ckpt_path=str(tmp_path / "b" / "last.ckpt")
     )
     assert resumed_seen.values == pytest.approx(straight_seen.values[3:], abs=1e-12)

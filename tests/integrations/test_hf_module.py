@@ -155,3 +155,25 @@ def test_soft_capped_models_are_refused_when_built():
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}}  # fmt: skip
     with pytest.raises(ValueError, match=r"^model: its config sets final_logit_softcapping"):
         HFCausalLM(config, vocab_size=VOCAB)
+
+
+def test_the_lm_evaluation_reads_it_as_a_next_token_model():
+    from lightning_losses.lm.data import TokenWindows
+    from lightning_losses.lm.evaluation import generate, held_out_logits, token_metrics
+
+    module = make_module()
+    assert module.context_length == LENGTH
+    ids = torch.randint(0, VOCAB, (3 * LENGTH + 1,), generator=torch.Generator().manual_seed(3))
+    logits, target = held_out_logits(module, TokenWindows(ids, LENGTH), batch_size=2)
+    with torch.no_grad():
+        expected = module.logits(ids[: 3 * LENGTH].reshape(3, LENGTH)).reshape(-1, VOCAB)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    nll = F.cross_entropy(expected.double(), ids[1:].double().long())
+    assert token_metrics(logits, target)["nll"] == pytest.approx(nll.item(), rel=1e-5)
+    prompt = ids[: LENGTH + 2].reshape(1, -1)  # longer than the context: cropped to its end
+    continued = generate(module, prompt, steps=2, greedy=True)
+    with torch.no_grad():
+        first = module.logits(prompt[:, -LENGTH:])[0, -1].argmax()
+        second_context = torch.cat([prompt[0], first.reshape(1)])[-LENGTH:]
+        second = module.logits(second_context.reshape(1, -1))[0, -1].argmax()
+    assert continued.tolist() == [[first.item(), second.item()]]

@@ -109,7 +109,9 @@ class HFCausalLM(TokenLanguageModel):
     ``criterion.gamma``). Validation and test log ``<stage>/loss`` and the token metrics of
     :class:`~lightning_losses.lm.model.TokenCalibration` (``nll``, ``ppl``, ``acc``, ``ece``,
     ``ece_debiased``, ``ece_low``, ``ece_high``), as
-    :class:`~lightning_losses.lm.model.TinyLanguageModel` does. :meth:`save_pretrained` (or
+    :class:`~lightning_losses.lm.model.TinyLanguageModel` does; with :meth:`logits` and
+    :attr:`context_length` it is a next-token model of :mod:`lightning_losses.lm.evaluation`
+    (held-out token metrics, generation). :meth:`save_pretrained` (or
     the :class:`SavePretrained` callback) exports the weights for ``from_pretrained``.
 
     Batches are ``(tokens, target)`` windows (:class:`~lightning_losses.lm.PydocTopicsDataModule`
@@ -159,6 +161,14 @@ class HFCausalLM(TokenLanguageModel):
         )
         check_plain_head(self.model)
         self.setup_language_model(criterion, n_bins, optimizer)
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model is trained to read: ``context_length``, else the
+        config's ``max_position_embeddings`` (what :mod:`lightning_losses.lm.evaluation`'s
+        generation crops prompts to)."""  # noqa: D205, D209
+        given = self.hparams.get("context_length")
+        return int(given if given is not None else self.model.config.max_position_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Final hidden states ``[B, L, H]`` of token ids ``[B, L]``."""
