@@ -82,6 +82,8 @@ class GammaSeen(L.Callback):
         self.values.append(pl_module.criterion.gamma)  # after GammaAnnealing set it
 
 
+# Resuming writes into the folder of the checkpoint it resumes from, as `fit --ckpt_path` does.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")
 def test_resume_from_last_ckpt_is_exact_and_gamma_annealing_moves_tailrs_gamma(tmp_path):
     dm = data(tmp_path)
     # TaiLr's threshold b = 0.2, gamma annealed from 0 (lm_gamma_ce_annealed's setting)
@@ -100,7 +102,7 @@ def test_resume_from_last_ckpt_is_exact_and_gamma_annealing_moves_tailrs_gamma(t
     trainer(tmp_path / "b", 1, [annealing()]).fit(first, datamodule=dm)
     resumed_seen = GammaSeen()
     resumed = module(dm, copy.deepcopy(tailr))
-    trainer(tmp_path / "c", 2, [annealing(), resumed_seen]).fit(
+    trainer(tmp_path / "b", 2, [annealing(), resumed_seen]).fit(
         resumed, datamodule=dm, ckpt_path=str(tmp_path / "b" / "last.ckpt")
     )
     assert resumed_seen.values == pytest.approx(straight_seen.values[3:], abs=1e-12)

@@ -49,6 +49,10 @@ def test_the_config_is_built_with_the_datas_sizes_and_kept_plain():
     assert config.vocab_size == VOCAB
     assert config.max_position_embeddings == LENGTH
     assert module.hparams["config"] == LLAMA  # plain data: checkpoints load weights_only
+    given = transformers.LlamaConfig(**LLAMA["init_args"])  # a config object works too
+    from_object = HFCausalLM(given, vocab_size=VOCAB, context_length=LENGTH)
+    assert from_object.model.config.hidden_size == 32
+    assert from_object.hparams["config"]["class_path"].endswith("LlamaConfig")
 
 
 def test_window_loss_is_the_criterion_on_the_full_logits():

@@ -144,7 +144,9 @@ class HFCausalLM(TokenLanguageModel):
 
     def __init__(
         self,
-        config: Any = None,
+        # A mapping for jsonargparse to keep as written (HFCausalLM builds the config itself);
+        # a transformers config object works as well.
+        config: Mapping[str, Any] | None = None,
         criterion: LinearTargetLoss | str | None = None,
         vocab_size: int | None = None,
         context_length: int | None = None,
