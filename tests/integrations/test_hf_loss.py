@@ -200,3 +200,16 @@ def test_a_criterion_module_gives_the_loss_of_its_keywords_and_follows_its_attri
     assert not torch.allclose(moved, by_name)
     with pytest.raises(ValueError, match=r"^criterion: give either a criterion or loss="):
         causal_lm_loss(model, **inputs, criterion=criterion, gamma=0.5)
+
+
+def test_class_weights_pass_through_as_cross_entropys_weight():
+    model = make_model("llama").double()
+    inputs = batch("labels")
+    weights = torch.rand(VOCAB, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    logits = model(input_ids=inputs["input_ids"]).logits[:, :-1].reshape(-1, VOCAB)
+    target = inputs["labels"][:, 1:].reshape(-1)
+    keep = target != -100
+    log_p = torch.log_softmax(logits[keep], -1).gather(1, target[keep, None])[:, 0]
+    expected = (-weights[target[keep]] * log_p).sum() / weights[target[keep]].sum()
+    ours = causal_lm_loss(model, **inputs, class_weight=weights)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=0.0)
