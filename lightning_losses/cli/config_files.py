@@ -40,8 +40,9 @@ PROGRAMS = {
 }
 #: The language model's config when ``lightning-losses lm fit`` is given none.
 DEFAULT_LM_CONFIG = "lm_ce"
-#: The module path of the language model's classes (a config whose model is one is ``lm``'s).
-_LM_MODULE = "lightning_losses.lm."
+#: The module paths of the language models' classes (a config whose model is one is ``lm``'s):
+#: the package's own and the Hugging Face integration's.
+_LM_MODULES = ("lightning_losses.lm.", "lightning_losses.integrations.huggingface.")
 _SUFFIXES = (".yaml", ".yml")
 _WHAT = {"fit": "a classifier config", "lm": "a language-model config"}
 
@@ -184,7 +185,8 @@ def config_program(path: str | Path) -> str | None:
     """Which program runs the config file ``path``: ``"lm"``, ``"fit"`` or ``None`` (unknown).
 
     ``"lm"`` when its ``model`` is a ``class_path`` of :mod:`lightning_losses.lm` (the
-    language model), ``"fit"`` when its ``model`` is a mapping of ``ClassifierModule``'s
+    language model) or of the Hugging Face integration (``HFCausalLM``), ``"fit"`` when its
+    ``model`` is a mapping of ``ClassifierModule``'s
     arguments (no ``class_path``, or ``ClassifierModule``'s); ``None`` for a file that is
     not YAML or names no model (the parser has the last word on those).
 
@@ -204,7 +206,7 @@ def config_program(path: str | Path) -> str | None:
     if not isinstance(model, dict):
         return None
     class_path = str(model.get("class_path") or "")
-    if class_path.startswith(_LM_MODULE):
+    if class_path.startswith(_LM_MODULES):
         return "lm"
     if not class_path or class_path.endswith("ClassifierModule"):
         return "fit"

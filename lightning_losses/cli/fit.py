@@ -361,13 +361,34 @@ class LossesCLI(TrackingCLI):
         super().before_instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """Without ``--verbose``: Lightning's progress bar off (:func:`progress_bar_off`)."""
+        """Without ``--verbose``: the progress bar (:func:`progress_bar_off`) and summary off."""
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         if not self.verbose and progress_bar_off(config, self.subcommand):
             kwargs.setdefault("enable_progress_bar", False)  # the saved config keeps its value
+        self._plain_model_summary(config, kwargs)
         trainer = super().instantiate_trainer(**kwargs)
         use_atomic_saves(trainer)  # a failed save leaves no partial .ckpt
         return trainer
+
+    def _plain_model_summary(self, config: Any, kwargs: dict[str, Any]) -> None:
+        """Lightning's plain model summary (an info line), never its ``rich`` table.
+
+        With ``rich`` installed (``transformers`` brings it) Lightning prints the summary as a
+        table on the console, past the quiet logging levels. Quiet: no summary (it was an info
+        line, kept out); ``--verbose``: a plain ``ModelSummary`` callback unless one is
+        configured, so the summary is the logged lines it always was.
+        """
+        if ((config or {}).get("trainer") or {}).get("enable_model_summary") is not None:
+            return
+        if not self.verbose:
+            kwargs.setdefault("enable_model_summary", False)
+            return
+        from lightning.pytorch.callbacks import ModelSummary
+
+        given = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        if not any(isinstance(callback, ModelSummary) for callback in given):
+            kwargs.setdefault("callbacks", [*given, ModelSummary()])
 
     def _results_table_off(self) -> None:
         config = self.config_init[self.subcommand]  # not the saved one: it keeps its value

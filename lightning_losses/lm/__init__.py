@@ -44,13 +44,14 @@ from lightning_losses.lm.evaluation import (
     repetition_rate,
     token_metrics,
 )
-from lightning_losses.lm.model import TinyLanguageModel, TokenCalibration
+from lightning_losses.lm.model import TinyLanguageModel, TokenCalibration, TokenLanguageModel
 
 __all__ = [
     "LanguageModelCLI",
     "PydocTopicsDataModule",
     "TinyLanguageModel",
     "TokenCalibration",
+    "TokenLanguageModel",
     "TokenWindows",
     "WordTokenizer",
     "console_main",

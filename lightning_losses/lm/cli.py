@@ -28,7 +28,7 @@ from lightning_losses.cli.fit import LossesCLI
 from lightning_losses.cli.fit import main as cli_main
 from lightning_losses.cli.parser import LossesArgumentParser, usage_error
 from lightning_losses.lm.data import PydocTopicsDataModule
-from lightning_losses.lm.model import TinyLanguageModel
+from lightning_losses.lm.model import TokenLanguageModel
 from lightning_losses.tracking import TrackingConfigCallback
 
 __all__ = [
@@ -73,9 +73,9 @@ class LanguageModelConfigCallback(TrackingConfigCallback):
     """:class:`TrackingConfigCallback` for the language model: its own closing lines.
 
     When a fit ends (rank 0) it draws the token reliability diagram of the last validation
-    epoch (:attr:`TinyLanguageModel.last_val_bins`) into the run's ``calibration/`` folder,
-    logs it as an artifact, and prints, after the run line, the validation perplexity and
-    token metrics (:func:`token_values`), the diagram and the checkpoint folder.
+    epoch (the model's ``last_val_bins``) into the run's ``calibration/`` folder, logs it as an
+    artifact, and prints, after the run line, the validation perplexity and token metrics
+    (:func:`token_values`), the diagram and the checkpoint folder.
     """
 
     command = f"{LM_PROG} fit"
@@ -135,7 +135,7 @@ class LanguageModelArgumentParser(LossesArgumentParser):
 
 
 class LanguageModelCLI(LossesCLI):
-    """The CLI of ``lightning-losses lm``: :class:`TinyLanguageModel` over its DataModule.
+    """The CLI of ``lightning-losses lm``: a ``TokenLanguageModel`` over its DataModule.
 
     :class:`~lightning_losses.cli.fit.LossesCLI` (quiet output, checks of ``--ckpt_path``,
     one-line errors, the MLflow run of a checkpoint continued) with the commands ``fit``,
@@ -194,8 +194,9 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
     ``args`` defaults to the command line. A ``--config`` is a language-model config by
     name (``lm_ce``, ``lm/lm_ce``, ``lm_ce.yaml``, ``configs/lm/lm_ce.yaml``) or a file;
     without one, ``lm_ce``. The rest is :func:`lightning_losses.cli.fit.main`'s, with
-    :class:`LanguageModelCLI` over :class:`TinyLanguageModel` and
-    :class:`PydocTopicsDataModule` (or subclasses of them).
+    :class:`LanguageModelCLI` over a :class:`~lightning_losses.lm.model.TokenLanguageModel`
+    (:class:`~lightning_losses.lm.model.TinyLanguageModel`, or the Hugging Face integration's
+    ``HFCausalLM``) and :class:`PydocTopicsDataModule` (or subclasses of them).
 
     Example (in Python)::
 
@@ -222,7 +223,7 @@ def main(args: Sequence[str] | None = None, run: bool = True, **cli_kwargs: Any)
         words,
         run,
         cli_class=LanguageModelCLI,
-        model_class=TinyLanguageModel,
+        model_class=TokenLanguageModel,
         datamodule_class=PydocTopicsDataModule,
         **kwargs,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import re
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import lightning as L
 import numpy as np
@@ -232,8 +232,8 @@ class PydocTopicsDataModule(L.LightningDataModule):
         topics = load_topics()
         split = split_topics(topics, val_fraction, seed, test_fraction=test_fraction)
         self.train_topics, self.val_topics, self.test_topics = split
-        self.tokenizer = WordTokenizer.fit(
-            (topics[name] for name in self.train_topics), max_vocab_size, min_count
+        self.tokenizer = self.fit_tokenizer(
+            [topics[name] for name in self.train_topics], max_vocab_size, min_count
         )
         self._ids = {
             split: torch.tensor(
@@ -246,6 +246,14 @@ class PydocTopicsDataModule(L.LightningDataModule):
             )
             if names
         }
+
+    def fit_tokenizer(self, texts: list[str], max_vocab_size: int, min_count: int) -> Any:
+        """The tokenizer of the training texts: a :class:`WordTokenizer` (subclasses may differ).
+
+        Whatever it returns must have ``encode(text, eos=True) -> list[int]`` and ``len()``
+        (the vocabulary size), as :class:`WordTokenizer`.
+        """
+        return WordTokenizer.fit(texts, max_vocab_size, min_count)
 
     @property
     def vocab_size(self) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -202,7 +201,134 @@ class TokenCalibration(Metric):
 # ----------------------------------------------------------------------------------------------
 
 
-class TinyLanguageModel(LossMixin, L.LightningModule):
+class TokenLanguageModel(LossMixin, L.LightningModule):
+    """What every next-token model of the package shares: training through a chunked head, token metrics.
+
+    A subclass builds its network, calls :meth:`setup_language_model` in ``__init__``, and
+    gives :meth:`next_token_hidden` (final hidden states and targets of a batch) and
+    :meth:`output_head` (output weight and bias). Training calls ``self.criterion(hidden,
+    weight, target, bias)``, a :class:`~lightning_losses.LinearTargetLoss`, so the ``[tokens,
+    vocabulary]`` logits are never built and the criterion's hyper-parameters can be scheduled;
+    validation and test log the criterion's mean and :class:`TokenCalibration`'s token
+    metrics (from :func:`~lightning_losses.functional.linear.linear_prediction_statistics`,
+    chunk by chunk). :class:`TinyLanguageModel` and the Hugging Face integration's
+    ``HFCausalLM`` are its subclasses; ``lightning-losses lm fit`` trains any of them.
+    """  # noqa: E501
+
+    def setup_language_model(
+        self,
+        criterion: LinearTargetLoss | str | None,
+        n_bins: int,
+        optimizer: OptimizerFactory | None,
+    ) -> None:
+        """Criterion (a ``LinearTargetLoss``, a loss name, ``None``: ``ce``), metrics, optimizer.
+
+        Call after ``save_hyperparameters``: the hyper-parameters ``criterion`` and
+        ``optimizer`` are made plain (checkpoints load with ``weights_only=True``).
+        """
+        plain = criterion is None or is_plain(criterion)
+        self.hparams["criterion"] = criterion if plain else describe_criterion(criterion)
+        if not is_plain(self.hparams.get("optimizer")):
+            self.hparams.pop("optimizer")
+        self.optimizer_factory = optimizer
+        if criterion is None or isinstance(criterion, str):
+            criterion = LinearTargetLoss(criterion or "ce")
+        self.set_criterion(criterion)
+        self.val_calibration = TokenCalibration(n_bins)
+        self.val_loss = MeanOfTerms()
+        self.test_calibration = TokenCalibration(n_bins)
+        self.test_loss = MeanOfTerms()
+        #: ``(epoch, (count, confidence sum, correct sum))`` of the last validation epoch.
+        self.last_val_bins: tuple[int, tuple[Tensor, Tensor, Tensor]] | None = None
+
+    def output_head(self) -> tuple[Tensor, Tensor | None]:
+        """``(weight [V, H], bias [V] or None)`` of the output layer."""
+        raise NotImplementedError(f"{type(self).__name__} must define output_head()")
+
+    def next_token_hidden(self, batch: Any) -> tuple[Tensor, Tensor]:
+        """``(hidden [B, L, H], target [B, L])`` of a batch ``(tokens, target)`` of windows."""
+        tokens, target = batch
+        return self(tokens), target
+
+    def _loss(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        hidden, target = self.next_token_hidden(batch)
+        weight, bias = self.output_head()
+        loss = self.criterion(hidden, weight, target, bias)
+        return hidden, target, loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """The batch's loss; logs ``train/loss`` and the scheduled criterion values."""
+        if self._attached_to_trainer():
+            self.log_criterion_hyperparameters()
+        _, _, loss = self._loss(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def _evaluation_step(self, batch: Any, stage: str) -> None:
+        """Accumulate ``<stage>/loss`` and the token statistics of :class:`TokenCalibration`."""
+        hidden, target, loss = self._loss(batch)
+        mean_loss, calibration = self._evaluation_metrics(stage)
+        # A sum-state mean: exact under DDP whatever each process holds.
+        mean_loss.update(loss, weight=target.numel())
+        self.log(f"{stage}/loss", mean_loss, on_epoch=True, prog_bar=True)
+        ignore_index = getattr(self.criterion, "ignore_index", -100)
+        weight, bias = self.output_head()
+        statistics = linear_prediction_statistics(
+            hidden, weight, target, bias=bias, ignore_index=ignore_index
+        )
+        # Positions from the windows' order (not batch_idx): the interval is batching-free.
+        index = calibration.window_positions(target, ignore_index)
+        calibration.update(*statistics, index=index)
+
+    def _evaluation_metrics(self, stage: str) -> tuple[MeanOfTerms, TokenCalibration]:
+        if stage == "test":
+            return self.test_loss, self.test_calibration
+        return self.val_loss, self.val_calibration
+
+    def _log_token_metrics(self, stage: str) -> None:
+        """Log ``<stage>/<name>`` of :class:`TokenCalibration`'s values, then reset it."""
+        calibration = self._evaluation_metrics(stage)[1]
+        results = calibration.compute()
+        for name, value in results.items():
+            self.log(f"{stage}/{name}", value.float(), prog_bar=name == "ppl")
+        if stage == "val" and not (self._attached_to_trainer() and self.trainer.sanity_checking):
+            with calibration.sync_context():  # the bins of every process's tokens
+                bins = (
+                    calibration.bin_count.clone(),
+                    calibration.bin_confidence.clone(),
+                    calibration.bin_correct.clone(),
+                )
+            epoch = self.trainer.current_epoch if self._attached_to_trainer() else 0
+            self.last_val_bins = (epoch, bins)
+        calibration.reset()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        """Accumulate ``val/loss`` and the token statistics of :class:`TokenCalibration`."""
+        self._evaluation_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val/<name>`` of :class:`TokenCalibration`'s values over the epoch's tokens."""
+        self._log_token_metrics("val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """Accumulate ``test/loss`` and the test split's token statistics."""
+        self._evaluation_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        """Log ``test/<name>``: perplexity, token ECE... over the test split's tokens."""
+        self._log_token_metrics("test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The optimizer ``optimizer`` makes (a factory or a ``class_path`` mapping), else Adam."""
+        factory = self.optimizer_factory
+        if factory is None:
+            return torch.optim.Adam(self.parameters(), lr=3e-3)
+        if isinstance(factory, dict):  # a class_path mapping restored from a checkpoint
+            return instantiate(factory, self.parameters(), argument="optimizer")
+        return factory(self.parameters())
+
+
+class TinyLanguageModel(TokenLanguageModel):
     """A causal Transformer language model trained through a chunked linear-head loss.
 
     Token and learned position embeddings, ``n_layers`` pre-norm Transformer encoder layers
@@ -258,12 +384,6 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["criterion"])
-        # Checkpoints must load with torch.load(weights_only=True): keep hparams plain.
-        plain = criterion is None or is_plain(criterion)
-        self.hparams["criterion"] = criterion if plain else describe_criterion(criterion)
-        if not is_plain(self.hparams.get("optimizer")):
-            self.hparams.pop("optimizer")
-        self.optimizer_factory = optimizer
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(context_length, d_model)
         layer = nn.TransformerEncoderLayer(
@@ -274,15 +394,8 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
         nn.init.normal_(self.token_embedding.weight, std=d_model**-0.5)
         nn.init.normal_(self.position_embedding.weight, std=0.02)
-        if criterion is None or isinstance(criterion, str):
-            criterion = LinearTargetLoss(criterion or "ce")
-        self.set_criterion(criterion)
-        self.val_calibration = TokenCalibration(n_bins)
-        self.val_loss = MeanOfTerms()
-        self.test_calibration = TokenCalibration(n_bins)
-        self.test_loss = MeanOfTerms()
-        #: ``(epoch, (count, confidence sum, correct sum))`` of the last validation epoch.
-        self.last_val_bins: tuple[int, tuple[Tensor, Tensor, Tensor]] | None = None
+        # Checkpoints must load with torch.load(weights_only=True): hparams made plain there.
+        self.setup_language_model(criterion, n_bins, optimizer)
 
     @property
     def context_length(self) -> int:
@@ -301,83 +414,6 @@ class TinyLanguageModel(LossMixin, L.LightningModule):
         """Full ``[B, L, V]`` next-token logits (for generation and small inputs)."""
         return self(tokens) @ self.token_embedding.weight.T + self.output_bias
 
-    def _loss(self, tokens: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self(tokens)
-        loss = self.criterion(hidden, self.token_embedding.weight, target, self.output_bias)
-        return hidden, loss
-
-    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:
-        """The batch's loss; logs ``train/loss`` and the scheduled criterion values."""
-        tokens, target = batch
-        if self._attached_to_trainer():
-            self.log_criterion_hyperparameters()
-        _, loss = self._loss(tokens, target)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss
-
-    def _evaluation_step(self, batch: Sequence[Tensor], stage: str) -> None:
-        """Accumulate ``<stage>/loss`` and the token statistics of :class:`TokenCalibration`."""
-        tokens, target = batch
-        hidden, loss = self._loss(tokens, target)
-        mean_loss, calibration = self._evaluation_metrics(stage)
-        # A sum-state mean: exact under DDP whatever each process holds.
-        mean_loss.update(loss, weight=target.numel())
-        self.log(f"{stage}/loss", mean_loss, on_epoch=True, prog_bar=True)
-        ignore_index = getattr(self.criterion, "ignore_index", -100)
-        statistics = linear_prediction_statistics(
-            hidden,
-            self.token_embedding.weight,
-            target,
-            bias=self.output_bias,
-            ignore_index=ignore_index,
-        )
-        # Positions from the windows' order (not batch_idx): the interval is batching-free.
-        index = calibration.window_positions(target, ignore_index)
-        calibration.update(*statistics, index=index)
-
-    def _evaluation_metrics(self, stage: str) -> tuple[MeanOfTerms, TokenCalibration]:
-        if stage == "test":
-            return self.test_loss, self.test_calibration
-        return self.val_loss, self.val_calibration
-
-    def _log_token_metrics(self, stage: str) -> None:
-        """Log ``<stage>/<name>`` of :class:`TokenCalibration`'s values, then reset it."""
-        calibration = self._evaluation_metrics(stage)[1]
-        results = calibration.compute()
-        for name, value in results.items():
-            self.log(f"{stage}/{name}", value.float(), prog_bar=name == "ppl")
-        if stage == "val" and not (self._attached_to_trainer() and self.trainer.sanity_checking):
-            with calibration.sync_context():  # the bins of every process's tokens
-                bins = (
-                    calibration.bin_count.clone(),
-                    calibration.bin_confidence.clone(),
-                    calibration.bin_correct.clone(),
-                )
-            epoch = self.trainer.current_epoch if self._attached_to_trainer() else 0
-            self.last_val_bins = (epoch, bins)
-        calibration.reset()
-
-    def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        """Accumulate ``val/loss`` and the token statistics of :class:`TokenCalibration`."""
-        self._evaluation_step(batch, "val")
-
-    def on_validation_epoch_end(self) -> None:
-        """Log ``val/<name>`` of :class:`TokenCalibration`'s values over the epoch's tokens."""
-        self._log_token_metrics("val")
-
-    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        """Accumulate ``test/loss`` and the test split's token statistics."""
-        self._evaluation_step(batch, "test")
-
-    def on_test_epoch_end(self) -> None:
-        """Log ``test/<name>``: perplexity, token ECE... over the test split's tokens."""
-        self._log_token_metrics("test")
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """The optimizer ``optimizer`` makes (a factory or a ``class_path`` mapping), else Adam."""
-        factory = self.optimizer_factory
-        if factory is None:
-            return torch.optim.Adam(self.parameters(), lr=3e-3)
-        if isinstance(factory, dict):  # a class_path mapping restored from a checkpoint
-            return instantiate(factory, self.parameters(), argument="optimizer")
-        return factory(self.parameters())
+    def output_head(self) -> tuple[Tensor, Tensor | None]:
+        """The tied output layer: ``(token_embedding.weight, output_bias)``."""
+        return self.token_embedding.weight, self.output_bias

@@ -87,7 +87,8 @@ def test_lm_refuses_a_classifier_config_and_a_misspelled_name(tmp_path, monkeypa
     assert len(err) == 1
     assert err[0].startswith(
         "lightning-losses lm fit: error: --config digits_ce is a classifier config: run "
-        "`lightning-losses fit --config digits_ce` (language-model configs: lm_ce, "
+        "`lightning-losses fit --config digits_ce` (language-model configs: hf_llama_tiny_ce, "
+        "hf_llama_tiny_focal, hf_llama_tiny_tailr, lm_ce, "
     )
     assert console_main(["lm", "fit", "--config", "lm_cee"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -141,7 +141,7 @@ def test_criterion_on_hidden_states_equals_plain_logits():
     torch.manual_seed(0)
     model = TinyLanguageModel("focal", vocab_size=40, context_length=6, d_model=16, n_heads=2)
     tokens, target = torch.randint(0, 40, (3, 6)), torch.randint(0, 40, (3, 6))
-    _, loss = model._loss(tokens, target)
+    _, _, loss = model._loss((tokens, target))
     logits = model.logits(tokens)
     from lightning_losses.functional import focal_loss
 

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, str]] = [
     ("callbacks", r"lightning_losses\.callbacks(\..*)?"),
     ("cli", r"lightning_losses\.cli(\.(?!console$).*)?"),
     ("lm", r"lightning_losses\.lm(\..*)?"),
+    ("integrations", r"lightning_losses\.integrations(\..*)?"),
     ("compare", r"lightning_losses\.compare(\..*)?"),
     ("reproduce", r"lightning_losses\.reproduce(\..*)?"),
     ("console", r"lightning_losses\.cli\.console"),
