@@ -63,7 +63,9 @@ def prediction_sets(
         lam=lam,
         weight=weight,
     )
-    q = torch.as_tensor(threshold, device=scores.device)
+    # a Python float stays a float64 number (as_tensor would round it to float32 first)
+    q = torch.as_tensor(threshold, dtype=None if isinstance(threshold, Tensor) else torch.float64)
+    q = q.to(device=scores.device)
     if q.dim() == 1 and q.shape[0] == probs.shape[1]:
         q = q.reshape(1, -1, *([1] * (probs.dim() - 2)))
     elif q.numel() != 1:

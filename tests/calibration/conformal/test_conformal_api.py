@@ -149,3 +149,17 @@ def test_bad_input_names_the_argument() -> None:
         prediction_sets(PROBS, torch.tensor([0.1, 0.2]))
     with pytest.raises(ValueError, match="weight must lie in"):
         conformal_scores(PROBS, torch.tensor([0, 1]), method="saps", weight=0.0)
+
+
+def test_a_python_float_threshold_is_not_rounded_to_float32() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    q = 1.0 - 1e-12  # float32 would round it to 1.0 and let the last label in
+    assert prediction_sets(probs, q, method="aps", randomized=False).tolist() == [
+        [True, True, float(probs.sum()) <= q]
+    ]
+    assert torch.equal(
+        prediction_sets(probs, q, method="aps", randomized=False),
+        prediction_sets(
+            probs, torch.tensor(q, dtype=torch.float64), method="aps", randomized=False
+        ),
+    )
