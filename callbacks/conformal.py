@@ -104,6 +104,8 @@ class ConformalPrediction(Callback):
         self.thresholds: dict[str, Tensor] = {}
         #: ``{"epoch", "global_step", "n"}`` of the latest fit.
         self.fitted_at: dict[str, int] = {}
+        #: Whether the thresholds were fitted on PostHocCalibration's probabilities.
+        self.calibrated = False
         #: The latest test's measures, by logged name.
         self.test_report: dict[str, float] = {}
         self._buffers: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
@@ -144,6 +146,7 @@ class ConformalPrediction(Callback):
             "alpha": list(self.alpha),
             "thresholds": {m: q.tolist() for m, q in self.thresholds.items()},
             "options": dict(self.options),
+            "calibrated": self.calibrated,
             **self.fitted_at,
         }
 
@@ -156,6 +159,7 @@ class ConformalPrediction(Callback):
         self.thresholds = {
             m: torch.tensor(q, dtype=torch.float64) for m, q in state_dict["thresholds"].items()
         }
+        self.calibrated = bool(state_dict.get("calibrated", False))
         self.fitted_at = {
             k: int(state_dict[k]) for k in ("epoch", "global_step", "n") if k in state_dict
         }
@@ -206,9 +210,20 @@ class ConformalPrediction(Callback):
         target = all_gather_uneven(strategy, target.to(strategy.root_device)).cpu()
         return logits, target, sample_positions(counts)
 
+    def _current_calibrator(self) -> Any:
+        """PostHocCalibration's calibrator when it was fitted for these weights, else ``None``.
+
+        Its ``state_dict`` is empty while the weights are newer than its fit (an epoch that
+        ``every_n_epochs`` skips): the thresholds are then fitted on the softmax.
+        """
+        posthoc = self._posthoc
+        if posthoc is None or posthoc.calibrator is None or not posthoc.state_dict():
+            return None
+        return posthoc.calibrator
+
     def _probs(self, logits: Tensor) -> Tensor:
-        """The post-hoc calibrator's probabilities when one is fitted, else the softmax."""
-        calibrator = None if self._posthoc is None else self._posthoc.calibrator
+        """The calibrator's probabilities when the thresholds were fitted on them, else softmax."""
+        calibrator = self._posthoc.calibrator if self.calibrated and self._posthoc else None
         if calibrator is None:
             return torch.softmax(logits, dim=1)
         with torch.no_grad():
@@ -244,6 +259,7 @@ class ConformalPrediction(Callback):
             return
         logits, target, positions = gathered
         part = self.in_calibration_part(positions)
+        self.calibrated = self._current_calibrator() is not None
         if self.ignore_index is not None:
             part &= target != self.ignore_index
         probs = self._probs(logits[part])
@@ -276,13 +292,18 @@ class ConformalPrediction(Callback):
 
     def _ready(self, stage: str) -> bool:
         if not self.thresholds:
-            rank_zero_warn(
-                f"ConformalPrediction: no thresholds to {stage} with (fit first, or pass the "
-                "ckpt_path of a checkpoint saved with this callback)",
-                category=LightningLossesWarning,
+            reason = "fit first, or pass the ckpt_path of a checkpoint saved with this callback"
+        elif self.calibrated and (self._posthoc is None or self._posthoc.calibrator is None):
+            reason = (
+                "the thresholds were fitted on PostHocCalibration's probabilities and no "
+                "calibrator is restored: run with PostHocCalibration and the same checkpoint"
             )
-            return False
-        return True
+        else:
+            return True
+        rank_zero_warn(
+            f"ConformalPrediction: no sets to {stage} ({reason})", category=LightningLossesWarning
+        )
+        return False
 
     @override
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -334,6 +355,12 @@ class ConformalPrediction(Callback):
         gives_probs = callable(getattr(pl_module, "set_calibrator", None)) or (
             self._posthoc is not None and self._posthoc.calibrator is not None
         )
+        if gives_probs and not self.calibrated and self._posthoc is not None:
+            rank_zero_warn(
+                "ConformalPrediction: the thresholds were fitted on the softmax, the module "
+                "predicts calibrated probabilities: the sets have no guarantee",
+                category=LightningLossesWarning,
+            )
 
         def predict_step(*args: Any, **kwargs: Any) -> dict[str, Any]:
             output = original(*args, **kwargs)

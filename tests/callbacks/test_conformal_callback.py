@@ -196,3 +196,38 @@ def test_wrong_order_and_bad_arguments(tmp_path):
         ConformalPrediction(fraction=1.0)
     with pytest.raises(ValueError, match="method must be one of"):
         ConformalPrediction(methods=["thr"])
+
+
+@pytest.mark.slow
+def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from lightning_losses.cli.fit import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    quick = [
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
+    cli = main(["fit", "--config", "mnist1d_ce_conformal", *quick])
+    (posthoc,) = [c for c in cli.trainer.callbacks if isinstance(c, PostHocCalibration)]
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, ConformalPrediction)]
+    assert callback.calibrated  # the last epoch: the calibrator was fitted for these weights
+    assert callback.alpha == [0.1, 0.05]
+    assert callback.fitted_at["n"] == int(callback.in_calibration_part(torch.arange(200)).sum())
+    (last,) = tmp_path.glob("mlflow_runs/*/*/checkpoints/last.ckpt")
+    state = torch.load(last, map_location="cpu", weights_only=True)["callbacks"]
+    (saved,) = [v for k, v in state.items() if k.startswith("ConformalPrediction")]
+    assert saved["thresholds"] == {m: q.tolist() for m, q in callback.thresholds.items()}
+    assert saved["calibrated"] is True
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("lightning-losses").experiment_id])
+    metrics = run.data.metrics
+    assert metrics["conformal/n"] == callback.fitted_at["n"]
+    q = float(callback.thresholds["aps"][1])
+    assert metrics["conformal/q_aps_0.05"] == pytest.approx(q, rel=1e-6)
+    assert posthoc.calibrator is not None
