@@ -154,6 +154,13 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
             assert float(tester.callback_metrics[f"{key}_sscv"]) == pytest.approx(
                 float(CP.size_stratified_coverage_violation(sets, yt, alpha=a)), rel=1e-6
             )
+    # a resume of the finished fit keeps them (no epoch left to refit)
+    resumed = conformal()
+    trainer(tmp_path, [resumed]).fit(
+        Plain(), loader(TRAIN), loader(VAL), ckpt_path=tmp_path / "ckpt" / "last.ckpt"
+    )
+    assert all(torch.equal(resumed.thresholds[m], want[m]) for m in METHODS)
+    assert resumed.fitted_at == callback.fitted_at
     predictions = trainer(tmp_path, [fresh]).predict(module, loader(TEST))
     sets = torch.cat([p["sets"]["aps_0.1"] for p in predictions])
     expected = CP.prediction_sets(zt.softmax(1), want["aps"][0], method="aps", randomized=False)
