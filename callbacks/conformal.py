@@ -31,11 +31,17 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_losses.calibration import conformal as CP
-from lightning_losses.calibration.conformal._inputs import check_alphas, check_method
+from lightning_losses.calibration.conformal._inputs import METHODS
 from lightning_losses.callbacks.gather import all_gather_uneven, sample_positions
 from lightning_losses.callbacks.outputs import OutputAdapter, OutputsSpec, calibration_inputs
 from lightning_losses.callbacks.posthoc import PostHocCalibration
-from lightning_losses.functional.checks import check_flag, check_fraction, check_int
+from lightning_losses.functional.checks import (
+    check_choice,
+    check_flag,
+    check_fraction,
+    check_int,
+    check_levels,
+)
 from lightning_losses.warning import LightningLossesWarning
 
 __all__ = ["ConformalPrediction"]
@@ -85,10 +91,12 @@ class ConformalPrediction(Callback):
         ignore_index: int | None = None,
         outputs: OutputsSpec = None,
     ) -> None:
-        self.alpha, _ = check_alphas(alpha)
+        self.alpha, _ = check_levels(alpha)
         if isinstance(methods, str):
             methods = [methods]
-        self.methods = tuple(check_method(m) for m in methods)
+        for m in methods:
+            check_choice("method", m, METHODS)
+        self.methods = tuple(str(m) for m in methods)
         if not self.methods:
             raise ValueError("methods must name at least one score")
         self.fraction = check_fraction("fraction", fraction)

@@ -2,53 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
 from lightning_losses.calibration._dense import flatten_dense
-from lightning_losses.functional.checks import (
-    check_choice,
-    check_class_indices,
-    check_ignore_index,
-)
+from lightning_losses.functional.checks import check_class_indices, check_ignore_index
 
-__all__ = ["METHODS", "check_alphas", "check_probs", "rows_and_target"]
+__all__ = ["METHODS", "class_last", "class_second", "rows_and_target"]
 
 #: The non-conformity scores, by name.
 METHODS = ("lac", "aps", "raps", "saps", "top_k")
-
-
-def check_probs(probs: object, *, name: str = "probs") -> Tensor:
-    """Check probabilities ``[N, C, *]``: a floating tensor, class dimension 1, ``C >= 1``.
-
-    Args:
-        probs: the value to check.
-        name: the argument's name, for the message.
-
-    Returns:
-        ``probs``.
-
-    Raises:
-        TypeError: not a floating tensor.
-        ValueError: fewer than two dimensions.
-
-    Example:
-        >>> check_probs(torch.tensor([0.2, 0.8]))
-        Traceback (most recent call last):
-        ...
-        ValueError: probs must have shape [N, C] or [N, C, *] (class dimension 1); got [2]
-    """
-    if not isinstance(probs, Tensor) or not probs.is_floating_point():
-        kind = probs.dtype if isinstance(probs, Tensor) else type(probs).__name__
-        raise TypeError(f"{name} must be a floating torch.Tensor of probabilities; got {kind}")
-    if probs.dim() < 2 or probs.shape[1] < 1:
-        raise ValueError(
-            f"{name} must have shape [N, C] or [N, C, *] (class dimension 1); "
-            f"got {list(probs.shape)}"
-        )
-    return probs
 
 
 def rows_and_target(
@@ -106,33 +69,3 @@ def class_second(rows: Tensor, like: Tensor) -> Tensor:
     """Inverse of :func:`class_last`: ``[M, C]`` rows back to the layout of ``like``."""
     shape = (like.shape[0], *like.shape[2:], like.shape[1])
     return rows.reshape(shape).movedim(-1, 1)
-
-
-def check_method(method: object) -> str:
-    """Check a score's name (one of :data:`METHODS`) and return it."""
-    check_choice("method", method, METHODS)
-    return str(method)
-
-
-def check_alphas(alpha: float | Sequence[float] | Tensor) -> tuple[list[float], bool]:
-    """``alpha`` as a list of miscoverage levels in ``(0, 1)``, and whether it was one number.
-
-    Example:
-        >>> check_alphas(0.1), check_alphas([0.05, 0.1])
-        (([0.1], True), ([0.05, 0.1], False))
-    """
-    if isinstance(alpha, Tensor):
-        single = alpha.dim() == 0
-        values = [float(a) for a in alpha.flatten().tolist()]
-    elif isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
-        single, values = True, [float(alpha)]
-    elif isinstance(alpha, Sequence) and not isinstance(alpha, str):
-        single, values = False, [float(a) for a in alpha]
-    else:
-        raise TypeError(f"alpha must be a float or a sequence of floats; got {alpha!r}")
-    if not values:
-        raise ValueError("alpha must hold at least one level; got an empty sequence")
-    for a in values:
-        if not 0.0 < a < 1.0:
-            raise ValueError(f"alpha must lie in (0, 1) (a miscoverage level, e.g. 0.1); got {a}")
-    return values, single

@@ -18,13 +18,13 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from lightning_losses.calibration.conformal import measures as M
-from lightning_losses.calibration.conformal._inputs import check_alphas, check_method
+from lightning_losses.calibration.conformal._inputs import METHODS
 from lightning_losses.calibration.conformal.scores import conformal_scores
 from lightning_losses.calibration.conformal.threshold import (
     class_conditional_thresholds,
     conformal_threshold,
 )
-from lightning_losses.functional.checks import check_flag, check_int
+from lightning_losses.functional.checks import check_choice, check_flag, check_int, check_levels
 
 __all__ = ["ConformalThreshold", "PredictionSetMetrics"]
 
@@ -76,8 +76,9 @@ class ConformalThreshold(Metric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.alpha, _ = check_alphas(alpha if not isinstance(alpha, float) else [alpha])
-        self.method = check_method(method)
+        self.alpha, _ = check_levels(alpha if not isinstance(alpha, float) else [alpha])
+        check_choice("method", method, METHODS)
+        self.method = str(method)
         check_flag("randomized", randomized)
         check_flag("class_conditional", class_conditional)
         if class_conditional:
@@ -157,7 +158,7 @@ class PredictionSetMetrics(Metric):
     ) -> None:
         super().__init__(**kwargs)
         c = check_int("num_classes", num_classes, low=1)
-        (self.alpha,), _ = check_alphas(alpha)
+        (self.alpha,), _ = check_levels(alpha)
         self.num_classes = c
         self.strata = tuple((int(a), int(b)) for a, b in strata)
         self.ignore_index = ignore_index

@@ -24,18 +24,24 @@ import torch
 from torch import Tensor
 
 from lightning_losses.calibration.conformal._inputs import (
-    check_method,
-    check_probs,
+    METHODS,
     class_last,
     class_second,
     rows_and_target,
 )
-from lightning_losses.functional.checks import check_flag, check_int, check_real
+from lightning_losses.functional.checks import (
+    check_choice,
+    check_flag,
+    check_int,
+    check_probabilities,
+    check_real,
+)
 
 __all__ = ["class_scores", "conformal_scores", "draw_uniform", "row_scores"]
 
 
-def _check_hparams(k_reg: int, lam: float, weight: float) -> None:
+def _hyper_parameters(k_reg: int, lam: float, weight: float) -> None:
+    """RAPS's ``k_reg >= 0`` and ``lam >= 0``, SAPS's ``weight > 0`` (the checks module's)."""
     check_int("k_reg", k_reg, low=0)
     check_real("lam", lam, low=0.0)
     check_real("weight", weight, low=0.0, low_open=True)
@@ -182,9 +188,10 @@ def conformal_scores(
         >>> conformal_scores(probs, torch.tensor([1, 2]), method="aps", randomized=False)
         tensor([0.9000, 0.8000])
     """
-    check_probs(probs)
-    m = check_method(method)
-    _check_hparams(k_reg, lam, weight)
+    check_probabilities(probs)
+    check_choice("method", method, METHODS)
+    m = str(method)
+    _hyper_parameters(k_reg, lam, weight)
     rows, labels = rows_and_target(probs, target, ignore_index=ignore_index)
     u = draw_uniform(
         rows.shape[0], like=rows, randomized=randomized, generator=generator, noise=noise
@@ -211,9 +218,10 @@ def all_label_scores(
         >>> all_label_scores(torch.tensor([[0.5, 0.3, 0.2]]), method="top_k", randomized=False)
         tensor([[1., 2., 3.]])
     """
-    check_probs(probs)
-    m = check_method(method)
-    _check_hparams(k_reg, lam, weight)
+    check_probabilities(probs)
+    check_choice("method", method, METHODS)
+    m = str(method)
+    _hyper_parameters(k_reg, lam, weight)
     rows = class_last(probs)
     u = draw_uniform(
         rows.shape[0], like=rows, randomized=randomized, generator=generator, noise=noise

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lightning_losses.calibration.conformal._inputs import check_alphas
-from lightning_losses.functional.checks import check_class_indices, check_int
+from lightning_losses.functional.checks import check_class_indices, check_int, check_levels
 from lightning_losses.warning import LightningLossesWarning
 
 __all__ = [
@@ -89,7 +88,7 @@ the ceil((n + 1)(1 - alpha)) = 6-th smallest does not exist; use n >= 9 or alpha
     """
     if not isinstance(scores, Tensor) or scores.dim() < 1 or scores.is_complex():
         raise TypeError(f"scores must be a real tensor [..., n]; got {type(scores).__name__}")
-    alphas, single = check_alphas(alpha)
+    alphas, single = check_levels(alpha)
     n = scores.shape[-1]
     ranks = []
     for a in alphas:
@@ -142,7 +141,7 @@ def class_conditional_thresholds(
     if not isinstance(target, Tensor) or tuple(target.shape) != tuple(scores.shape):
         raise ValueError(f"target must have the shape of scores {list(scores.shape)}")
     check_class_indices("target", target, num_classes)
-    alphas, single = check_alphas(alpha)
+    alphas, single = check_levels(alpha)
     target = target.long()
     order = scores.argsort(stable=True)
     order = order[target[order].argsort(stable=True)]  # by class, then by score
