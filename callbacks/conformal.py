@@ -338,9 +338,10 @@ class ConformalPrediction(Callback):
         probs = self._probs(logits)
         report = {}
         for method, q in self.thresholds.items():
-            options = self._scores_options(positions, 2)
+            # every label's score once per method; each level's sets are a comparison
+            scores = CP.all_label_scores(probs, method=method, **self._scores_options(positions, 2))
             for a, threshold in zip(self.alpha, q.tolist(), strict=True):
-                sets = CP.prediction_sets(probs, threshold, method=method, **options)
+                sets = scores <= threshold
                 stats = CP.set_statistics(sets, target, ignore_index=self.ignore_index)
                 key = f"test/conformal_{method}_{a:g}"
                 report[f"{key}_coverage"] = CP.coverage(stats)
