@@ -25,6 +25,10 @@ venv: $(BIN)/python
 	# The reference implementation of Dirichlet calibration (Kull et al.), for the tests only:
 	# its releases declare Python >= 3.12 but run on 3.10+ (it pulls jax).
 	$(BIN)/pip install -q --ignore-requires-python "dirichletcal==0.5.3"
+	# TorchCP's scores, a reference of the conformal tests: its package imports torchsort and
+	# torchvision, which do not install beside a CPU torch, so it comes without its dependencies
+	# and the tests load the score files alone (tests/helpers/torchcp.py).
+	$(BIN)/pip install -q --no-deps "torchcp==1.2.1"
 
 # mypy reads its settings (the package, through the callbacks link) from pyproject.toml.
 lint: venv

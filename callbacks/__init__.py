@@ -3,6 +3,7 @@
 from lightning_losses.callbacks.adafocal import AdaFocalUpdate
 from lightning_losses.callbacks.calibration import CalibrationMonitor
 from lightning_losses.callbacks.checkpoint import LastCheckpoint
+from lightning_losses.callbacks.conformal import ConformalPrediction
 from lightning_losses.callbacks.curves import SplitCurves
 from lightning_losses.callbacks.loss_scheduler import GammaAnnealing, LossScheduler
 from lightning_losses.callbacks.loss_switch import LossSwitch
@@ -22,6 +23,7 @@ from lightning_losses.callbacks.temperature_scaling import TemperatureScalingCal
 __all__ = [
     "AdaFocalUpdate",
     "CalibrationMonitor",
+    "ConformalPrediction",
     "ConstantSchedule",
     "CosineSchedule",
     "ExponentialSchedule",

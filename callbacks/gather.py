@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-__all__ = ["all_gather_uneven"]
+__all__ = ["all_gather_uneven", "sample_positions"]
 
 
 def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tensor:
@@ -26,3 +26,20 @@ def all_gather_uneven(strategy: pl.strategies.Strategy, tensor: Tensor) -> Tenso
     padded[: tensor.shape[0]] = tensor
     gathered = strategy.all_gather(padded)  # [world_size, longest, ...]
     return torch.cat([rows[:n] for rows, n in zip(gathered, lengths, strict=True)])
+
+
+def sample_positions(counts: list[int]) -> Tensor:
+    """The loader positions of rows gathered by :func:`all_gather_uneven` from ``counts``.
+
+    Process ``r`` of ``W`` holds ``counts[r]`` samples; its ``k``-th is at position
+    ``r + W * k``: the dataset position under
+    :class:`~lightning_losses.data.samplers.UnpaddedDistributedSampler` (and an unshuffled
+    loader in one process), so a choice of samples by position is the same on any number of
+    processes.
+
+    Example:
+        >>> sample_positions([3, 2]).tolist()  # rank 0: 0, 2, 4; rank 1: 1, 3
+        [0, 2, 4, 1, 3]
+    """
+    world = len(counts)
+    return torch.cat([r + world * torch.arange(n) for r, n in enumerate(counts)])

@@ -34,7 +34,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_losses.callbacks.artifacts import artifact_loggers, diagram_title, figure_folder
-from lightning_losses.callbacks.gather import all_gather_uneven
+from lightning_losses.callbacks.gather import all_gather_uneven, sample_positions
 from lightning_losses.callbacks.outputs import (
     OutputAdapter,
     OutputsSpec,
@@ -217,6 +217,11 @@ class PostHocCalibration(Callback):
         self._trainer: pl.Trainer | None = None  # the trainer of the current run
         self._fitted_by: pl.Trainer | None = None  # the trainer of the last fit
         self._test_calibrator: PostHocCalibrator | None = None
+        #: Set by :class:`~lightning_losses.callbacks.ConformalPrediction`: the validation
+        #: samples (a bool mask of their positions, see :func:`sample_positions`) the
+        #: calibrator must not be fitted on.
+        self.exclude: Callable[[Tensor], Tensor] | None = None
+        self._counts: list[int] = []
 
     @property
     def name(self) -> str:
@@ -417,6 +422,7 @@ class PostHocCalibration(Callback):
                 f"{self.name}: processes {empty} had no {stage} samples (samples per process: "
                 f"{counts}); give every process at least one"
             )
+        self._counts = counts
         logits, target = torch.cat(logits_list), torch.cat(targets)
         logits = all_gather_uneven(strategy, logits)
         return logits.cpu(), all_gather_uneven(strategy, target).cpu()
@@ -478,6 +484,9 @@ class PostHocCalibration(Callback):
                 rank_zero_warn(f"{self.name}: {self.MULTILABEL}", category=LightningLossesWarning)
             return
         logits, target = gathered
+        if self.exclude is not None:  # the samples another callback holds out (conformal)
+            keep = ~self.exclude(sample_positions(self._counts))
+            logits, target = logits[keep], target[keep]
         started = time.perf_counter()
         try:
             self.selection = self._select(logits, target)

@@ -1002,3 +1002,63 @@ False; got 1
     for name in CLASS_VECTOR_OPTIONS:
         if options.get(name) is not None:
             check_class_weights(name, options[name], validate_args=validate_args)
+
+
+# --- conformal prediction -------------------------------------------------------------------
+
+
+def check_probabilities(probs: object, *, name: str = "probs") -> Tensor:
+    """Check probabilities ``[N, C, *]``: a floating tensor, class dimension 1, ``C >= 1``.
+
+    Args:
+        probs: the value to check.
+        name: the argument's name, for the message.
+
+    Returns:
+        ``probs``.
+
+    Raises:
+        TypeError: not a floating tensor.
+        ValueError: fewer than two dimensions.
+
+    Example:
+        >>> check_probabilities(torch.tensor([0.2, 0.8]))
+        Traceback (most recent call last):
+        ...
+        ValueError: probs must have shape [N, C] or [N, C, *] (class dimension 1); got [2]
+    """
+    if not isinstance(probs, Tensor) or not probs.is_floating_point():
+        kind = probs.dtype if isinstance(probs, Tensor) else type(probs).__name__
+        raise TypeError(f"{name} must be a floating torch.Tensor of probabilities; got {kind}")
+    if probs.dim() < 2 or probs.shape[1] < 1:
+        raise ValueError(
+            f"{name} must have shape [N, C] or [N, C, *] (class dimension 1); "
+            f"got {list(probs.shape)}"
+        )
+    return probs
+
+
+def check_levels(alpha: float | Sequence[float] | Tensor) -> tuple[list[float], bool]:
+    """Miscoverage levels ``alpha``: a list of floats in ``(0, 1)``, and whether it was one number.
+
+    A float, a sequence of floats or a tensor (0-d: one number).
+
+    Example:
+        >>> check_levels(0.1), check_levels([0.05, 0.1])
+        (([0.1], True), ([0.05, 0.1], False))
+    """
+    if isinstance(alpha, Tensor):
+        single = alpha.dim() == 0
+        values = [float(a) for a in alpha.flatten().tolist()]
+    elif isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        single, values = True, [float(alpha)]
+    elif isinstance(alpha, Sequence) and not isinstance(alpha, str):
+        single, values = False, [float(a) for a in alpha]
+    else:
+        raise TypeError(f"alpha must be a float or a sequence of floats; got {alpha!r}")
+    if not values:
+        raise ValueError("alpha must hold at least one level; got an empty sequence")
+    for a in values:
+        if not 0.0 < a < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1) (a miscoverage level, e.g. 0.1); got {a}")
+    return values, single

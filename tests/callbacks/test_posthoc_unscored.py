@@ -4,6 +4,10 @@ A real Trainer and a real MLflow store (sqlite); the module's validation outputs
 epoch, so that isotonic regression scores a finite cross-validated NLL in epoch 0 and an
 infinite one in epoch 1 (the references, :func:`select_calibrator` on the same outputs, say
 so). The latest ``posthoc/cv_nll_isotonic`` in the store must be epoch 1's: NaN.
+
+Isotonic regression floors its probabilities since issue 38, so it no longer gives 0: every
+test here runs it without the floor (its maps' values, ``_mapped_log_probs``), a stand-in for
+any calibrator that emits probability 0, so that the unscored path stays tested.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_losses.calibration.posthoc import get_calibrator
+from lightning_losses.calibration.posthoc import IsotonicCalibration, get_calibrator
 from lightning_losses.calibration.posthoc.select import select_calibrator
 from lightning_losses.callbacks import PostHocCalibration
 from lightning_losses.warning import LightningLossesWarning
@@ -57,6 +61,12 @@ def separated_but_one() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 OUTPUTS = [mixed_outputs(), separated_but_one()]  # by epoch
+
+
+@pytest.fixture(autouse=True)
+def isotonic_without_its_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IsotonicCalibration as it was before its floor: probability 0 where a map gives 0."""
+    monkeypatch.setattr(IsotonicCalibration, "_log_probs", IsotonicCalibration._mapped_log_probs)
 
 
 class GivenOutputs(L.LightningModule):

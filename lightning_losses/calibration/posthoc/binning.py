@@ -23,9 +23,18 @@ labels, in one of two modes (as netcal's binning methods):
   binary task, as netcal reads them: one map of :math:`p_{i1}` and
   :math:`\tilde p_i = (1 - f(p_{i1}), f(p_{i1}))`.
 
-A calibrated probability may be exactly 0 or 1 (a bin without a right prediction, say): the
-log-probabilities are then ``-inf`` where it is 0, left so rather than clipped (netcal, too,
-returns the 0), so the NLL of a sample whose label gets probability 0 is ``inf``.
+A map may give exactly 0 or 1 (a bin without a right prediction, say), where netcal returns
+the 0 and the NLL of a sample whose label gets it is infinite. Here no probability is 0: every
+row :math:`\tilde p_i` (of :math:`C` classes) is mixed with a floor :math:`\varepsilon`
+(``floor``, default ``1e-6``) and renormalised,
+
+.. math::
+
+    \hat p_{ic} = \frac{\tilde p_{ic} + \varepsilon}{1 + C \varepsilon} \ge
+    \frac{\varepsilon}{1 + C \varepsilon},
+
+computed in log space (``logaddexp(log p, log eps) - log1p(C eps)``): rows still sum to 1,
+the order of the classes is kept, and every log-probability (and every sample's NLL) is finite.
 
 Histogram binning (Zadrozny and Elkan, "Obtaining calibrated probability estimates from
 decision trees and naive Bayesian classifiers", ICML 2001): :math:`B` equal-width bins, the map
@@ -35,6 +44,7 @@ is the frequency of the positives among the fitted samples of each bin.
 from __future__ import annotations
 
 import abc
+import math
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -42,16 +52,24 @@ import torch
 from torch import Tensor
 
 from lightning_losses.calibration.posthoc.base import PostHocCalibrator
-from lightning_losses.functional.checks import check_choice, check_int
+from lightning_losses.functional.checks import check_choice, check_int, check_real
 
-__all__ = ["HistogramBinning", "ProbabilityMapCalibrator", "bin_edges", "bin_index"]
+__all__ = [
+    "DEFAULT_FLOOR",
+    "HistogramBinning",
+    "ProbabilityMapCalibrator",
+    "bin_edges",
+    "bin_index",
+]
 
 Mode = Literal["top_label", "one_vs_rest"]
 MODES: tuple[str, ...] = ("top_label", "one_vs_rest")
+#: The default floor mixed into every calibrated row: no probability is below about 1e-6.
+DEFAULT_FLOOR = 1e-6
 
 
 class ProbabilityMapCalibrator(PostHocCalibrator):
-    """Base of the calibrators by maps of one probability (see the module): the two modes.
+    r"""Base of the calibrators by maps of one probability (see the module): the two modes.
 
     Subclasses implement :meth:`_fit_maps` (``R`` rows of probabilities and their 0/1 labels
     to the maps' parameters, one row per map) and :meth:`_apply_maps`, and name in
@@ -59,15 +77,20 @@ class ProbabilityMapCalibrator(PostHocCalibrator):
 
     Args:
         mode: ``"top_label"`` or ``"one_vs_rest"``.
+        floor: the floor :math:`\varepsilon` mixed into every row (see the module), in
+            ``(0, 0.01]``.
     """
 
     #: The parameter ``[R, K]`` of the maps' values (all 0: the map is 0 everywhere).
     values_key: ClassVar[str] = "values"
 
-    def __init__(self, *, mode: Mode = "top_label") -> None:
+    def __init__(self, *, mode: Mode = "top_label", floor: float = DEFAULT_FLOOR) -> None:
         super().__init__()
         check_choice(f"{type(self).__name__}: mode", mode, MODES)
         self.mode: Mode = mode
+        self.floor = check_real(
+            f"{type(self).__name__}: floor", floor, low=0.0, high=0.01, low_open=True
+        )
 
     @abc.abstractmethod
     def _fit_maps(self, scores: Tensor, hits: Tensor) -> dict[str, Tensor]:
@@ -107,6 +130,12 @@ class ProbabilityMapCalibrator(PostHocCalibrator):
         return params
 
     def _log_probs(self, logits: Tensor) -> Tensor:
+        """The maps' log-probabilities, each row mixed with the floor and renormalised."""
+        out = self._mapped_log_probs(logits)
+        floor = torch.full((), math.log(self.floor), dtype=out.dtype, device=out.device)
+        return torch.logaddexp(out, floor) - math.log1p(logits.shape[1] * self.floor)
+
+    def _mapped_log_probs(self, logits: Tensor) -> Tensor:
         rows = self.params[self.values_key].shape[0]
         if rows != self._rows(logits.shape[1]):
             raise ValueError(
@@ -128,7 +157,7 @@ class ProbabilityMapCalibrator(PostHocCalibrator):
 
     def extra_repr(self) -> str:
         """The mode and whether it is fitted."""
-        return f"mode={self.mode!r}, {super().extra_repr()}"
+        return f"mode={self.mode!r}, floor={self.floor:g}, {super().extra_repr()}"
 
 
 def _top_label_log_probs(logits: Tensor, predicted: Tensor, top: Tensor) -> Tensor:
@@ -189,6 +218,7 @@ class HistogramBinning(ProbabilityMapCalibrator):
     Args:
         n_bins: the number of equal-width bins ``B`` (``>= 1``; netcal's default 10).
         mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
+        floor: every probability is at least ``floor / (1 + C floor)`` (module docstring).
 
     Example:
         >>> z = torch.tensor([[2.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 2.0]])
@@ -204,8 +234,10 @@ class HistogramBinning(ProbabilityMapCalibrator):
 
     method: ClassVar[str] = "histogram"
 
-    def __init__(self, *, n_bins: int = 10, mode: Mode = "top_label") -> None:
-        super().__init__(mode=mode)
+    def __init__(
+        self, *, n_bins: int = 10, mode: Mode = "top_label", floor: float = DEFAULT_FLOOR
+    ) -> None:
+        super().__init__(mode=mode, floor=floor)
         self.n_bins = check_int(f"{type(self).__name__}: n_bins", n_bins, low=1)
 
     def min_samples(self, num_classes: int) -> int:

@@ -33,7 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_losses.calibration.posthoc.binning import Mode, ProbabilityMapCalibrator
+from lightning_losses.calibration.posthoc.binning import (
+    DEFAULT_FLOOR,
+    Mode,
+    ProbabilityMapCalibrator,
+)
 
 __all__ = ["IsotonicCalibration", "interpolate_maps", "isotonic_maps"]
 
@@ -287,6 +291,8 @@ class IsotonicCalibration(ProbabilityMapCalibrator):
 
     Args:
         mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
+        floor: every row is mixed with it and renormalised, ``(p + floor) / (1 + C floor)``,
+            so no probability is below ``floor / (1 + C floor)`` (default ``1e-6``).
 
     Example:
         >>> z = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [0.0, 4.0]])
@@ -302,8 +308,8 @@ class IsotonicCalibration(ProbabilityMapCalibrator):
     method: ClassVar[str] = "isotonic"
     values_key: ClassVar[str] = "y"
 
-    def __init__(self, *, mode: Mode = "top_label") -> None:
-        super().__init__(mode=mode)
+    def __init__(self, *, mode: Mode = "top_label", floor: float = DEFAULT_FLOOR) -> None:
+        super().__init__(mode=mode, floor=floor)
 
     def _fit_maps(self, scores: Tensor, hits: Tensor) -> dict[str, Tensor]:
         x, y = isotonic_maps(scores, hits)

@@ -2,7 +2,8 @@
 
 References, independent of the code under test: netcal's ``HistogramBinning`` called directly
 (on the top confidences and their correctness, or on the softmax probabilities), and plain
-NumPy float64 formulas (bin masks in a loop, the top-label share of the rest).
+NumPy float64 formulas (bin masks in a loop, the top-label share of the rest). The package's
+floor is applied to netcal's probabilities by its formula, ``(p + eps) / (1 + C eps)``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ def overconfident(n: int, n_classes: int, scale: float, seed: int) -> tuple[torc
     z = torch.randn(n, 6, generator=g, dtype=torch.float64) @ weights.T
     target = torch.multinomial(z.softmax(dim=1), 1, generator=g).squeeze(1)
     return scale * z, target
+
+
+FLOOR = 1e-6  # HistogramBinning's default floor
+
+
+def floored(p: np.ndarray, floor: float = FLOOR) -> np.ndarray:
+    """Each row mixed with the floor and renormalised: ``(p + eps) / (1 + C eps)``."""
+    return (p + floor) / (1.0 + p.shape[1] * floor)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -74,7 +83,8 @@ def test_top_label_equals_netcal(n_bins: int) -> None:
     top = reference.transform(p_test.max(1))
     ours = HistogramBinning(n_bins=n_bins).fit(z, y)
     probs = ours(z_test).exp().numpy()
-    np.testing.assert_allclose(probs, top_label_reference(z_test.numpy(), top), atol=1e-12)
+    expected = floored(top_label_reference(z_test.numpy(), top))
+    np.testing.assert_allclose(probs, expected, atol=1e-12)
     np.testing.assert_allclose(
         ours.params["values"][0].numpy(), bin_reference(conf, correct, n_bins)
     )
@@ -92,13 +102,13 @@ def test_one_vs_rest_equals_netcal(n_classes: int) -> None:
     if n_classes == 2:  # netcal reads two columns as one binary task on p_1
         reference = np.stack([1.0 - reference, reference], axis=1)
     ours = HistogramBinning(mode="one_vs_rest").fit(z, y)
-    np.testing.assert_allclose(ours(z_test).exp().numpy(), reference, atol=1e-12)
+    np.testing.assert_allclose(ours(z_test).exp().numpy(), floored(reference), atol=1e-12)
     expected_rows = n_classes if n_classes > 2 else 1
     assert ours.params["values"].shape == (expected_rows, 10)
 
 
-def test_absent_class_gets_zero_as_in_netcal() -> None:
-    """A class without a sample in the fit has probability 0 (log -inf), as netcal leaves it."""
+def test_absent_class_gets_the_floor_where_netcal_gives_zero() -> None:
+    """A class without a sample in the fit: netcal's 0 becomes the floor, eps / (1 + C eps)."""
     z, y = overconfident(3000, 4, 1.0, seed=4)
     keep = y != 3
     z, y = z[keep], y[keep]
@@ -106,8 +116,9 @@ def test_absent_class_gets_zero_as_in_netcal() -> None:
     reference = NetcalHistogramBinning(bins=10).fit(z.softmax(1).numpy(), y.numpy())
     expected = reference.transform(z_test.softmax(1).numpy())
     log_probs = HistogramBinning(mode="one_vs_rest").fit(z, y)(z_test)
-    np.testing.assert_allclose(log_probs.exp().numpy(), expected, atol=1e-12)
-    assert bool((log_probs[:, 3] == float("-inf")).all())
+    np.testing.assert_allclose(log_probs.exp().numpy(), floored(expected), atol=1e-12)
+    assert (expected[:, 3] == 0).all()
+    np.testing.assert_allclose(log_probs[:, 3].numpy(), np.log(FLOOR / (1 + 4 * FLOOR)))
 
 
 def test_edges_and_empty_bins_follow_the_stated_rule() -> None:
@@ -125,7 +136,7 @@ def test_edges_and_empty_bins_follow_the_stated_rule() -> None:
 
 
 def test_zero_probabilities_and_all_zero_rows() -> None:
-    """Probability 0 gives log-probability -inf; a one-vs-rest row of zeros keeps its softmax."""
+    """A map's 0 gives the floor (finite log); a one-vs-rest row of zeros keeps its softmax."""
     p = torch.tensor(
         [[0.35, 0.35, 0.30], [0.60, 0.05, 0.35]] + [[0.1, 0.8, 0.1]] * 4 + [[0.05, 0.05, 0.9]] * 4,
         dtype=torch.float64,
@@ -135,17 +146,18 @@ def test_zero_probabilities_and_all_zero_rows() -> None:
     test = torch.tensor([[0.35, 0.31, 0.34], [0.1, 0.8, 0.1]], dtype=torch.float64).log()
     out = binning(test)
     # row 0: every class's bin (0.3, 0.4] holds only samples of other classes
-    np.testing.assert_allclose(out[0].numpy(), torch.log_softmax(test[0], 0).numpy(), atol=1e-15)
+    softmax_row = floored(torch.softmax(test[:1], 1).numpy())
+    np.testing.assert_allclose(out[0].exp().numpy(), softmax_row[0], atol=1e-15)
     reference = NetcalHistogramBinning(bins=10).fit(p.numpy(), y.numpy())
     with np.errstate(invalid="ignore"):
         netcal_row = reference.transform(test.exp().numpy())[0]
     assert np.isnan(netcal_row).all()  # what netcal returns there (0 / 0)
-    np.testing.assert_allclose(out[1].exp().numpy(), [0.0, 1.0, 0.0], atol=1e-15)
-    assert out[1, 0] == float("-inf")
-    assert out[1, 2] == float("-inf")
+    np.testing.assert_allclose(out[1].exp().numpy(), floored(np.array([[0.0, 1.0, 0.0]]))[0])
+    assert float(out[1, 0]) == pytest.approx(np.log(FLOOR / (1 + 3 * FLOOR)), rel=1e-12)
     top = HistogramBinning(n_bins=10).fit(p.log(), y)
-    assert top(test[1:]).exp()[0, 1] == 1.0  # four right of four: the rest get log(0)
-    assert top(test[1:])[0, 0] == float("-inf")
+    # four right of four: the map gives 1 and the rest 0, then the floor
+    np.testing.assert_allclose(top(test[1:]).exp().numpy(), floored(np.array([[0.0, 1.0, 0.0]])))
+    assert bool(top(test[1:]).isfinite().all())
 
 
 def test_binary_logits_and_dtype() -> None:

@@ -3,7 +3,8 @@
 References, independent of the code under test: scikit-learn's
 ``IsotonicRegression(out_of_bounds="clip")`` and netcal's ``IsotonicRegression`` (which calls
 it), fitted and applied on the same probabilities. Our fit sums integer counts where
-scikit-learn averages running means, so values agree to rounding: 1e-12.
+scikit-learn averages running means, so values agree to rounding: 1e-12. The package's floor
+is applied to the references' probabilities by its formula, ``(p + eps) / (1 + C eps)``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def overconfident(n: int, n_classes: int, scale: float, seed: int) -> tuple[torc
     return scale * z, target
 
 
+FLOOR = 1e-6  # IsotonicCalibration's default floor
+
+
+def floored(p: np.ndarray, floor: float = FLOOR) -> np.ndarray:
+    """Each row mixed with the floor and renormalised: ``(p + eps) / (1 + C eps)``."""
+    return (p + floor) / (1.0 + p.shape[1] * floor)
+
+
 def sklearn_map(x: np.ndarray, y: np.ndarray) -> IsotonicRegression:
     return IsotonicRegression(out_of_bounds="clip").fit(x, y.astype(np.float64))
 
@@ -46,12 +55,12 @@ def test_top_label_equals_sklearn_and_netcal(scale: float) -> None:
     )
     probs = IsotonicCalibration().fit(z, y)(z_test).exp().numpy()
     rows, k = np.arange(len(p_test)), p_test.argmax(1)
-    np.testing.assert_allclose(probs[rows, k], expected, atol=1e-12)
+    np.testing.assert_allclose(probs[rows, k], (expected + FLOOR) / (1 + 6 * FLOOR), atol=1e-12)
     others = p_test.copy()
     others[rows, k] = 0.0
     share = others / others.sum(1, keepdims=True) * (1.0 - expected)[:, None]
     share[rows, k] = expected
-    np.testing.assert_allclose(probs, share, atol=1e-12)
+    np.testing.assert_allclose(probs, floored(share), atol=1e-12)
 
 
 @pytest.mark.parametrize(("n_classes", "scale"), [(2, 2.0), (5, 1.0), (5, 8.0)])
@@ -73,7 +82,7 @@ def test_one_vs_rest_equals_netcal(n_classes: int, scale: float) -> None:
         by_class = np.stack(maps, axis=1)
         np.testing.assert_allclose(expected, by_class / by_class.sum(1, keepdims=True))
     ours = IsotonicCalibration(mode="one_vs_rest").fit(z, y)
-    np.testing.assert_allclose(ours(z_test).exp().numpy(), expected, atol=1e-12)
+    np.testing.assert_allclose(ours(z_test).exp().numpy(), floored(expected), atol=1e-12)
 
 
 def test_knots_equal_sklearn_thresholds() -> None:
@@ -122,17 +131,17 @@ def test_small_random_cases_equal_sklearn() -> None:
 
 
 def test_absent_class_and_zero_probabilities() -> None:
-    """A class absent from the fit gets 0 (as netcal); a map's 0 gives log-probability -inf."""
+    """A class absent from the fit: netcal's 0 becomes the floor, a finite log-probability."""
     z, y = overconfident(2000, 4, 1.0, seed=4)
     keep = y != 1
     z, y = z[keep], y[keep]
     z_test, _ = overconfident(300, 4, 1.0, seed=5)
     expected = NetcalIsotonic().fit(z.softmax(1).numpy(), y.numpy())
     log_probs = IsotonicCalibration(mode="one_vs_rest").fit(z, y)(z_test)
-    np.testing.assert_allclose(
-        log_probs.exp().numpy(), expected.transform(z_test.softmax(1).numpy()), atol=1e-12
-    )
-    assert bool((log_probs[:, 1] == float("-inf")).all())
+    reference = expected.transform(z_test.softmax(1).numpy())
+    np.testing.assert_allclose(log_probs.exp().numpy(), floored(reference), atol=1e-12)
+    assert (reference[:, 1] == 0).all()
+    np.testing.assert_allclose(log_probs[:, 1].numpy(), np.log(FLOOR / (1 + 4 * FLOOR)))
 
 
 def test_binary_logits_state_dict_and_dtype() -> None:
@@ -147,7 +156,9 @@ def test_binary_logits_state_dict_and_dtype() -> None:
     assert torch.equal(out, fitted(torch.stack([torch.zeros_like(d), d], 1)))
     s = torch.sigmoid(d.double()).numpy()
     expected = sklearn_map(s, y.numpy() == 1).predict(s)
-    np.testing.assert_allclose(out[:, 1].double().exp().numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(
+        out[:, 1].double().exp().numpy(), (expected + FLOOR) / (1 + 2 * FLOOR), atol=1e-6
+    )
     top = IsotonicCalibration().fit(z, y)
     fresh_top = IsotonicCalibration()
     fresh_top.load_state_dict(top.state_dict())

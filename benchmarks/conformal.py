@@ -1,0 +1,194 @@
+"""Split conformal thresholds and sets on [1,000,000, 100] probabilities: ours against TorchCP.
+
+In one run, on the same seeded float32 probabilities (softmax of ``2.5 * (3 onehot(k) +
+N(0, 1))``, labels drawn from the calibrated ``softmax(3 onehot(k) + N(0, 1))``):
+
+- thresholds: the true label's score of every row and the ``ceil((n + 1)(1 - alpha))``-th
+  smallest (``conformal_scores`` + ``conformal_threshold``) against TorchCP 1.2's score
+  object on the labels and ``calculate_conformal_value``, per score (LAC, APS, RAPS, SAPS,
+  deterministic); TorchCP is loaded from its files as in the tests (its package ``__init__``
+  imports torchsort and torchvision; where TorchCP is absent its columns are empty);
+- sets: ``prediction_sets`` against TorchCP's all-label scores ``<= q``;
+- the test loop of a small model (the MNIST-1D CNN, 100 classes, batch 1,000) with and without
+  ``ConformalPrediction`` (four scores, two levels), on as many test samples as ``--loop-rows``.
+
+Times are wall seconds, the median of ``--repeats``, ours and TorchCP's interleaved; every
+ratio is to a time of the same run. Run on a quiet machine and quote ``uptime`` beside figures.
+
+Usage::
+
+    python benchmarks/conformal.py                       # [1,000,000, 100]
+    python benchmarks/conformal.py --rows 100000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def probabilities(rows: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overconfident float32 probabilities ``[rows, classes]`` and labels (module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randint(0, classes, (rows,), generator=g)
+    latent = 3.0 * torch.nn.functional.one_hot(k, classes).float()
+    latent += torch.randn(rows, classes, generator=g)
+    labels = torch.multinomial(latent.softmax(1), 1, generator=g)[:, 0]
+    return (2.5 * latent).softmax(1), labels
+
+
+def timed(function: Callable[[], object], repeats: int) -> float:
+    """The median wall seconds of ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def torchcp_modules():
+    """TorchCP's modules loaded from its files, or ``None`` where it is not installed."""
+    if importlib.util.find_spec("torchcp") is None:
+        return None
+    from helpers import torchcp  # the tests' loader: the score files without the package
+
+    return torchcp.load()
+
+
+def scores_table(rows: int, repeats: int) -> list[str]:
+    """The Markdown table of threshold and set times, ours and TorchCP's."""
+    from lightning_losses.calibration import conformal as CP
+
+    probs, labels = probabilities(rows, 100)
+    tcp = torchcp_modules()
+    references = {}
+    if tcp is not None:
+        references = {
+            "lac": tcp.lac.LAC(score_type="identity"),
+            "aps": tcp.aps.APS(score_type="identity", randomized=False),
+            "raps": tcp.raps.RAPS(score_type="identity", randomized=False, penalty=0.01, kreg=1),
+            "saps": tcp.saps.SAPS(score_type="identity", randomized=False, weight=0.2),
+        }
+    lines = [
+        "| score | thresholds: ours (s) | TorchCP (s) | ratio "
+        "| sets: ours (s) | TorchCP (s) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in ("lac", "aps", "raps", "saps"):
+        q = CP.conformal_threshold(
+            CP.conformal_scores(probs, labels, method=method, randomized=False), 0.1
+        )
+        ours_q = timed(
+            lambda m=method: CP.conformal_threshold(
+                CP.conformal_scores(probs, labels, method=m, randomized=False), 0.1
+            ),
+            repeats,
+        )
+        ours_s = timed(
+            lambda m=method, q=q: CP.prediction_sets(probs, q, method=m, randomized=False),
+            repeats,
+        )
+        if method in references:
+            ref = references[method]
+
+            def their_threshold(ref=ref, saps=method == "saps"):
+                # TorchCP's single-label SAPS differs at rank 0: take its all-label form
+                s = ref(probs).gather(1, labels[:, None])[:, 0] if saps else ref(probs, labels)
+                return tcp.common.calculate_conformal_value(s, 0.1)
+
+            theirs_q = timed(their_threshold, repeats)
+            theirs_s = timed(lambda ref=ref, q=q: ref(probs) <= q, repeats)
+            cells = [f"{theirs_q:.3f}", f"{ours_q / theirs_q:.2f}x"]
+            set_cells = [f"{theirs_s:.3f}", f"{ours_s / theirs_s:.2f}x"]
+        else:
+            cells = set_cells = ["-", "-"]
+        lines.append(
+            f"| {method} | {ours_q:.3f} | {cells[0]} | {cells[1]} | {ours_s:.3f} | "
+            f"{set_cells[0]} | {set_cells[1]} |"
+        )
+        print(f"[{method}] done", file=sys.stderr)
+    return lines
+
+
+def loop_table(rows: int, repeats: int) -> list[str]:
+    """The Markdown table of the test loop with and without the callback."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_losses.callbacks import ConformalPrediction
+    from lightning_losses.lightning.backbones import CNN1D
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(CNN1D(channels=25), torch.nn.LazyLinear(100))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return {"logits": self(x), "target": y}
+
+        def test_step(self, batch, batch_idx):
+            return self.validation_step(batch, batch_idx)
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 1, 40, generator=g)
+    y = torch.randint(0, 100, (rows,), generator=g)
+    loader = DataLoader(TensorDataset(x, y), batch_size=1000)
+    model = Model()
+    model(x[:2])
+    callback = ConformalPrediction(alpha=[0.1, 0.05])
+
+    def run(callbacks, stage):
+        trainer = L.Trainer(
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            callbacks=callbacks,
+        )
+        getattr(trainer, stage)(model, loader, verbose=False)
+
+    run([callback], "validate")  # fits the thresholds
+    without = timed(lambda: run([], "test"), repeats)
+    with_callback = timed(lambda: run([callback], "test"), repeats)
+    return [
+        "| test loop | without (s) | with ConformalPrediction (s) | ratio |",
+        "|---|---|---|---|",
+        f"| {rows:,} samples, CNN1D, 100 classes | {without:.3f} | {with_callback:.3f} | "
+        f"{with_callback / without:.2f}x |",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print both tables, with the load."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--loop-rows", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"load: {os.getloadavg()}; threads: {args.threads}; torch {torch.__version__}")
+    print(f"\n[{args.rows:,}, 100] float32 probabilities, alpha 0.1\n")
+    print("\n".join(scores_table(args.rows, args.repeats)))
+    print()
+    print("\n".join(loop_table(args.loop_rows, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
