@@ -74,7 +74,7 @@ def config_names(program: str = "fit") -> list[str]:
         True
         >>> [name for name in config_names() if name.startswith("lm")]
         []
-        >>> config_names("lm")[:2]
+        >>> [name for name in config_names("lm") if name.startswith("lm_")][:2]
         ['lm_ce', 'lm_focal']
     """
     folder = configs_folder() / PROGRAMS[_check_program(program)][0]

@@ -74,7 +74,13 @@ CHECKS = "lightning_losses/functional/checks.py"
 CLASS_PATH = "lightning_losses/lightning/class_path.py"
 
 #: The files that may import a module by name: the lazy exports and the class_path helper.
-IMPORTERS = {"lightning_losses/_lazy.py", CLASS_PATH}
+IMPORTERS = {
+    "lightning_losses/_lazy.py",
+    CLASS_PATH,
+    # the Hugging Face integration's optional dependencies (transformers, tokenizers), imported
+    # when first used and named in a one-line install hint when missing: not a class_path
+    "lightning_losses/integrations/huggingface/_imports.py",
+}
 
 #: A function (or method) whose name says it checks something.
 CHECK_NAME = re.compile(r"^_?check(ed)?_")
@@ -104,6 +110,7 @@ ALLOWED: dict[str, set[str]] = {
         "check_exact_options",
     },
     "lightning_losses/functional/linear.py": {
+        "_check_token_weight",
         "_check_class_weight",
         "_check_head_shapes",
         "_check_inputs",
@@ -111,6 +118,9 @@ ALLOWED: dict[str, set[str]] = {
         "check_chunk_size",
     },
     "lightning_losses/functional/multilabel.py": {"check_nm"},
+    # A Hugging Face model's head must compute plain hidden @ weight.T + bias logits (no
+    # soft-capping or scaling in its config): a check of the model, not of an argument's value.
+    "lightning_losses/integrations/huggingface/loss.py": {"check_plain_head"},
     # The kernel path's one read of the checks module's own checks (targets, finite logits,
     # class weights, AdaFocal's bins): their conditions stacked on the device and read at once,
     # the checks module's function rerun only to raise its error.
