@@ -58,9 +58,9 @@ def drop_hypothesis_gc_callback() -> None:
 
 atexit.register(drop_hypothesis_gc_callback)
 
-# The tests use tiny tensors and run as two xdist workers on two cores (`make test`). With the
+# The tests use tiny tensors and run as three xdist workers on two cores (`make test`). With the
 # default of one intra-op thread per core, each worker's OpenMP threads spin against the other
-# worker's (and against any other load), which makes small ops 10-50x slower.
+# workers' (and against any other load), which makes small ops 10-50x slower.
 torch.set_num_threads(1)
 
 
@@ -83,7 +83,7 @@ def mlflow_server(tmp_path_factory) -> Iterator[Server]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the files that hold slow tests first, each file's tests still together and in order.
 
-    ``make test`` spreads the tests over two workers that steal from each other's queues: what
+    ``make test`` spreads the tests over workers that steal from each other's queues: what
     runs last decides when the suite ends. With the minute-long tests (subprocess fits, DDP, the
     README's commands) first, the last in the queues are the sub-second ones, and neither core
     waits long for the other at the end.

@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # a subprocess: the slow lane's, and first in make test's queue
 def test_the_kernels_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
