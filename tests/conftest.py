@@ -58,7 +58,7 @@ def drop_hypothesis_gc_callback() -> None:
 
 atexit.register(drop_hypothesis_gc_callback)
 
-# The tests use tiny tensors and run as three xdist workers on two cores (`make test`). With the
+# The tests use tiny tensors and run as two xdist workers on two cores (`make test`). With the
 # default of one intra-op thread per core, each worker's OpenMP threads spin against the other
 # workers' (and against any other load), which makes small ops 10-50x slower.
 torch.set_num_threads(1)
