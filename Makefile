@@ -2,13 +2,15 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# The installer of the dev extra (see venv).
+UV ?= uv==0.13.9
 BIN := $(VENV)/bin
 # Two pytest workers on two cores. Three were tried: the cores were busier but the suite was
 # slower (pytest 18 min 50 s against 16 min 10 s; the DDP ranks and fits the tests start then
 # contend with a third worker).
 PYTEST_WORKERS ?= 2
 
-.PHONY: package venv test test-fast lint docs demo bench clean
+.PHONY: package venv test pytest test-fast lint docs demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,16 +24,19 @@ package: $(BIN)/python
 
 # The package with the dev tools (pytest, hypothesis, ruff, mypy, mkdocs): what test, lint and
 # docs need. Every make installs again what is missing, so `make demo` then `make test` gets them.
+# torch comes from pip (it honours the machine's pip configuration: a local CPU build where there
+# is one); the rest from uv, which keeps that torch and installs the dev extra's ~200 packages in
+# well under a minute where pip took two to three. Two references of the tests come last, without
+# their dependencies: the reference implementation of Dirichlet calibration (Kull et al.), whose
+# releases declare Python >= 3.12 but run on 3.10+ (what it needs, numpy, scipy, scikit-learn and
+# jax, is installed before it), and TorchCP's scores, a reference of the conformal tests (its
+# package imports torchsort and torchvision, which do not install beside a CPU torch; the tests
+# load the score files alone: tests/helpers/torchcp.py).
 venv: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
-	# The reference implementation of Dirichlet calibration (Kull et al.), for the tests only:
-	# its releases declare Python >= 3.12 but run on 3.10+ (it pulls jax).
-	$(BIN)/pip install -q --ignore-requires-python "dirichletcal==0.5.3"
-	# TorchCP's scores, a reference of the conformal tests: its package imports torchsort and
-	# torchvision, which do not install beside a CPU torch, so it comes without its dependencies
-	# and the tests load the score files alone (tests/helpers/torchcp.py).
-	$(BIN)/pip install -q --no-deps "torchcp==1.2.1"
+	$(BIN)/pip install -q "$(UV)"
+	$(BIN)/uv pip install -q --python $(BIN)/python -e ".[dev]" jax jaxlib
+	$(BIN)/pip install -q --no-deps --ignore-requires-python "dirichletcal==0.5.3" "torchcp==1.2.1"
 
 # mypy reads its settings (the package, through the callbacks link) from pyproject.toml.
 lint: venv
@@ -45,10 +50,13 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# lint (ruff, mypy) and docs run side by side, one core each (after venv, which both need),
-# before the tests take both cores (PYTEST_WORKERS workers).
+# lint (ruff, mypy), docs and the tests (PYTEST_WORKERS workers) run side by side, after venv,
+# which all need: mypy's minute fills the cores the tests leave idle while they wait on their
+# subprocesses and servers. Any one failing fails make test.
 test:
-	$(MAKE) --no-print-directory -j2 lint docs
+	$(MAKE) --no-print-directory -j3 lint docs pytest
+
+pytest: venv
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The quick lane: every test but those marked slow (DDP processes, MLflow servers, console and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -59,8 +60,11 @@ class Server:
             "--workers",
             "1",
         ]
+        # A tracking server: without MLflow 3's job runner (a runner and seven huey consumers,
+        # each a Python process importing MLflow, for GenAI jobs the tests never submit).
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with (self.root / "server.log").open("a") as log:  # the child keeps its own handle
-            self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.root)
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.root, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -57,7 +57,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_losses.calibration.posthoc.base import PostHocCalibrator
@@ -74,21 +73,29 @@ __all__ = ["DirichletCalibration", "MatrixScaling", "VectorScaling", "minimise_l
 
 
 def minimise_lbfgs(
-    objective: Callable[[Tensor], Tensor], start: Tensor, *, max_iter: int
+    objective: Callable[[Tensor], Tensor] | Callable[[Tensor], tuple[Tensor, Tensor]],
+    start: Tensor,
+    *,
+    max_iter: int,
+    returns_gradient: bool = False,
 ) -> Tensor:
     """The minimiser of ``objective`` from ``start`` by L-BFGS, in float64.
 
     SciPy's L-BFGS-B without bounds (its line search enforces the strong Wolfe conditions),
-    the objective and its gradient computed by torch on the device of ``start``. It stops after
+    the objective and its gradient computed by torch on the device of ``start`` (the gradient
+    by autograd, or by ``objective`` itself with ``returns_gradient=True``). It stops after
     ``max_iter`` iterations, when the largest gradient entry is below 1e-10, or when an
     iteration lowers the objective by less than the float64 machine epsilon relative to it (as
     dirichletcal's ``factr=1``). Torch's own L-BFGS stops short of that precision: it keeps no
     curvature pair whose ``y^T s`` is below 1e-10, so its model of a flat valley goes stale.
 
     Args:
-        objective: a scalar function of a float64 vector, differentiable by autograd.
+        objective: a scalar function of a float64 vector, differentiable by autograd; with
+            ``returns_gradient=True``, a function giving that scalar and its gradient.
         start: the float64 starting point (not modified).
         max_iter: the most L-BFGS iterations.
+        returns_gradient: whether ``objective`` gives its own gradient (no autograd graph: a
+            closed form is several times cheaper on the small problems of calibration).
 
     Raises:
         RuntimeError: the minimiser or the objective there is not finite.
@@ -102,10 +109,15 @@ def minimise_lbfgs(
     from scipy.optimize import minimize
 
     def value_and_gradient(flat: np.ndarray) -> tuple[float, np.ndarray]:
-        theta = torch.from_numpy(flat).to(start.device).requires_grad_(True)
-        with torch.enable_grad():
-            loss = objective(theta)
-            (gradient,) = torch.autograd.grad(loss, theta)
+        theta = torch.from_numpy(flat).to(start.device)
+        if returns_gradient:
+            with torch.no_grad():
+                loss, gradient = objective(theta)
+        else:
+            theta.requires_grad_(True)
+            with torch.enable_grad():
+                loss = objective(theta)
+                (gradient,) = torch.autograd.grad(loss, theta)
         return float(loss.detach()), gradient.detach().cpu().numpy()
 
     result = minimize(
@@ -150,9 +162,16 @@ class _AffineCalibrator(PostHocCalibrator, abc.ABC):
     def affine(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         """The calibrated logits ``[N, C]`` of the features ``x`` ``[N, C]``."""
 
-    def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
-        """The regularisation added to the mean NLL (none by default)."""
-        return weight.new_zeros(())
+    @abc.abstractmethod
+    def affine_gradient(self, x: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+        """The gradients of ``sum(grad * affine(x, weight, bias))`` in ``weight`` and ``bias``."""
+
+    def penalty(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The regularisation added to the mean NLL and its gradients in ``weight``, ``bias``.
+
+        None by default.
+        """
+        return weight.new_zeros(()), torch.zeros_like(weight), torch.zeros_like(bias)
 
     def bias_is_free(self) -> bool:
         """Whether the objective ignores a common shift of the bias (no penalty on it)."""
@@ -181,15 +200,32 @@ class _AffineCalibrator(PostHocCalibrator, abc.ABC):
             w = v / scale
             return w, c - self.affine(shift[None, :], w, zero)[0]
 
-        def objective(theta: Tensor) -> Tensor:
+        rows = torch.arange(len(target), device=x.device)
+
+        def objective(theta: Tensor) -> tuple[Tensor, Tensor]:
+            # The mean NLL of softmax(a), a = affine(u, V, c), has gradient (softmax(a) -
+            # onehot(y)) / N in a; the penalty of (W, b) reaches (V, c) through W = V / scale
+            # and b = c - affine(shift, W, 0).
             v, c = theta[:split].view_as(weight), theta[split:]
-            w, b = original(theta)
-            return F.cross_entropy(self.affine(u, v, c), target) + self.penalty(w, b)
+            log_p = torch.log_softmax(self.affine(u, v, c), dim=1)
+            nll = -log_p[rows, target].mean()
+            grad_a = log_p.exp()
+            grad_a[rows, target] -= 1.0
+            grad_a /= len(target)
+            grad_v, grad_c = self.affine_gradient(u, grad_a)
+            value, grad_w, grad_b = self.penalty(*original(theta))
+            through_b, _ = self.affine_gradient(shift[None, :], -grad_b[None, :])
+            gradient = torch.cat(
+                [(grad_v + (grad_w + through_b) / scale).flatten(), grad_c + grad_b]
+            )
+            return nll + value, gradient
 
         start = torch.cat(
             [(weight * scale).flatten(), self.affine(shift[None, :], weight, zero)[0]]
         )
-        w, b = original(minimise_lbfgs(objective, start, max_iter=self.max_iter))
+        w, b = original(
+            minimise_lbfgs(objective, start, max_iter=self.max_iter, returns_gradient=True)
+        )
         if self.bias_is_free():  # the same probabilities; the representative with sum(b) = 0
             b = b - b.mean()
         return {"weight": w, "bias": b}
@@ -275,6 +311,10 @@ class VectorScaling(_AffineCalibrator):
         """``w * x + b``."""
         return x * weight + bias
 
+    def affine_gradient(self, x: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+        """``sum_i grad_i * x_i`` and ``sum_i grad_i``."""
+        return (grad * x).sum(dim=0), grad.sum(dim=0)
+
 
 class _FullAffine(_AffineCalibrator):
     """A full ``C x C`` matrix and a bias, with the ODIR penalty."""
@@ -296,17 +336,21 @@ class _FullAffine(_AffineCalibrator):
         """``x W^T + b`` (row by row, ``W x_i + b``)."""
         return x @ weight.T + bias
 
+    def affine_gradient(self, x: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+        """``grad^T x`` and ``sum_i grad_i``."""
+        return grad.T @ x, grad.sum(dim=0)
+
     def bias_is_free(self) -> bool:
         """Without the intercept penalty (``reg_mu = 0``) a common shift of ``b`` is free."""
         return self.reg_mu == 0
 
-    def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
-        """ODIR: ``λ / (C (C - 1)) sum_{i != j} W_ij^2 + μ / C sum_j b_j^2``."""
+    def penalty(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """ODIR, ``λ / (C (C - 1)) sum_{i != j} W_ij^2 + μ / C sum_j b_j^2``, and its gradients."""
         c = weight.shape[0]
         off_diagonal = weight - torch.diag_embed(torch.diagonal(weight))
-        return self.reg_lambda / (c * (c - 1)) * off_diagonal.square().sum() + (
-            self.reg_mu / c * bias.square().sum()
-        )
+        lam, mu = self.reg_lambda / (c * (c - 1)), self.reg_mu / c
+        value = lam * off_diagonal.square().sum() + mu * bias.square().sum()
+        return value, 2.0 * lam * off_diagonal, 2.0 * mu * bias
 
     def extra_repr(self) -> str:
         """The penalties, and whether the calibrator is fitted."""

@@ -246,3 +246,33 @@ def test_minimise_lbfgs_reaches_float64_precision():
     np.testing.assert_allclose(x.numpy(), [1.0, 1.0], atol=1e-7)
     with pytest.raises(RuntimeError, match="diverged"):
         minimise_lbfgs(lambda t: t.sum() * math.nan, torch.ones(1, dtype=torch.float64), max_iter=5)
+
+
+@pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
+def test_the_fit_objective_gives_its_central_difference_gradient(data, cls, monkeypatch):
+    # The fit's objective returns its own gradient (no autograd): it must be the derivative of
+    # the value it returns, by central differences in float64, at points away from the start.
+    import lightning_losses.calibration.posthoc.linear as linear
+
+    seen = []
+
+    def recording(objective, start, *, max_iter, returns_gradient=False):
+        seen.append((objective, start, returns_gradient))
+        return minimise_lbfgs(objective, start, max_iter=max_iter, returns_gradient=True)
+
+    monkeypatch.setattr(linear, "minimise_lbfgs", recording)
+    logits, target = data
+    cls().fit(logits, target)
+    ((objective, start, returns_gradient),) = seen
+    assert returns_gradient
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        theta = start + 0.3 * torch.randn(start.shape, generator=generator, dtype=torch.float64)
+        _, gradient = objective(theta)
+        step = 1e-6
+        numeric = torch.empty_like(theta)
+        for k in range(theta.numel()):
+            e = torch.zeros_like(theta)
+            e[k] = step
+            numeric[k] = (objective(theta + e)[0] - objective(theta - e)[0]) / (2 * step)
+        np.testing.assert_allclose(gradient.numpy(), numeric.numpy(), rtol=1e-6, atol=1e-8)
