@@ -26,7 +26,9 @@ package: $(BIN)/python
 # docs need. Every make installs again what is missing, so `make demo` then `make test` gets them.
 # torch comes from pip (it honours the machine's pip configuration: a local CPU build where there
 # is one); the rest from uv, which keeps that torch and installs the dev extra's ~200 packages in
-# well under a minute where pip took two to three. Two references of the tests come last, without
+# well under a minute where pip took two to three. Like pip, it compiles their bytecode: where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's machines), Python would otherwise compile
+# torch, Lightning and MLflow again in every process, and the tests start hundreds. Two references of the tests come last, without
 # their dependencies: the reference implementation of Dirichlet calibration (Kull et al.), whose
 # releases declare Python >= 3.12 but run on 3.10+ (what it needs, numpy, scipy, scikit-learn and
 # jax, is installed before it), and TorchCP's scores, a reference of the conformal tests (its
@@ -35,7 +37,7 @@ package: $(BIN)/python
 venv: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q "$(UV)"
-	$(BIN)/uv pip install -q --python $(BIN)/python -e ".[dev]" jax jaxlib
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e ".[dev]" jax jaxlib
 	$(BIN)/pip install -q --no-deps --ignore-requires-python "dirichletcal==0.5.3" "torchcp==1.2.1"
 
 # mypy reads its settings (the package, through the callbacks link) from pyproject.toml.
@@ -56,7 +58,10 @@ docs: venv
 test:
 	$(MAKE) --no-print-directory -j3 lint docs pytest
 
+# The package's and the tests' bytecode first, for the same reason (it is read, never written,
+# under PYTHONDONTWRITEBYTECODE; a changed source file is compiled again from its mtime).
 pytest: venv
+	$(BIN)/python -m compileall -q lightning_losses callbacks tests scripts > /dev/null
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The quick lane: every test but those marked slow (DDP processes, MLflow servers, console and

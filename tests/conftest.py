@@ -62,6 +62,10 @@ atexit.register(drop_hypothesis_gc_callback)
 # default of one intra-op thread per core, each worker's OpenMP threads spin against the other
 # workers' (and against any other load), which makes small ops 10-50x slower.
 torch.set_num_threads(1)
+# The same in every process the tests start (fits, DDP ranks, servers): one thread each, as the
+# workers, instead of two OpenMP threads per process spinning against the other worker's.
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 
 @pytest.fixture

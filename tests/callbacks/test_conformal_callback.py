@@ -125,8 +125,14 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
     torch.manual_seed(0)
     module = Plain()
     callback = conformal()
-    saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="last")
-    trainer(tmp_path, [callback, saves]).fit(module, loader(TRAIN), loader(VAL))
+
+    def same_folder(save_top_k: int = 1) -> ModelCheckpoint:
+        # the checkpoints of every trainer below in one folder (a trainer restoring a checkpoint
+        # of another folder warns that it cannot reload that callback's state); the resume of
+        # the finished fit saves none (a fit into a folder holding checkpoints warns too)
+        return ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="last", save_top_k=save_top_k)
+
+    trainer(tmp_path, [callback, same_folder()]).fit(module, loader(TRAIN), loader(VAL))
     z, y = logits_of(module, VAL)
     part = reference_part(len(y))
     want = reference_thresholds(z[part].softmax(1), y[part])
@@ -138,7 +144,7 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
     (saved,) = [v for k, v in state.items() if k.startswith("ConformalPrediction")]
     assert saved["thresholds"] == {m: q.tolist() for m, q in want.items()}
     fresh = conformal()
-    tester = trainer(tmp_path, [fresh])
+    tester = trainer(tmp_path, [fresh, same_folder()])
     tester.test(Plain(), loader(TEST), ckpt_path=tmp_path / "ckpt" / "last.ckpt", verbose=False)
     assert all(torch.equal(fresh.thresholds[m], want[m]) for m in METHODS)
     zt, yt = logits_of(module, TEST)
@@ -156,7 +162,7 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
             )
     # a resume of the finished fit keeps them (no epoch left to refit)
     resumed = conformal()
-    trainer(tmp_path, [resumed]).fit(
+    trainer(tmp_path, [resumed, same_folder(save_top_k=0)]).fit(
         Plain(), loader(TRAIN), loader(VAL), ckpt_path=tmp_path / "ckpt" / "last.ckpt"
     )
     assert all(torch.equal(resumed.thresholds[m], want[m]) for m in METHODS)
