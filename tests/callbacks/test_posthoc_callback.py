@@ -384,7 +384,12 @@ def test_mlflow_gets_the_metrics_tags_and_diagrams(tmp_path, monkeypatch):
     # MLflow's set_tracking_uri also sets MLFLOW_TRACKING_URI: monkeypatch restores it after
     # the test, so later tests in this process do not log into this store.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    logger = MLFlowLogger(experiment_name="posthoc", tracking_uri=uri, save_dir=tmp_path)
+    # its artifacts in tmp_path (a SQLite store's default artifact root is ./mlruns of the cwd)
+    logger = MLFlowLogger(
+        experiment_name="posthoc",
+        tracking_uri=uri,
+        artifact_location=(tmp_path / "artifacts").as_uri(),
+    )
     torch.manual_seed(0)
     small = TensorDataset(*(t[:12] for t in VAL.tensors))  # 12 samples: matrix needs 20
     callback = PostHocCalibration(methods=("temperature", "matrix"), folds=3)

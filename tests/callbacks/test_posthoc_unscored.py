@@ -120,7 +120,12 @@ def test_isotonic_unscored_in_the_final_fit_is_logged_as_nan_not_as_epoch_0s(tmp
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # restored after the test
-    logger = MLFlowLogger(experiment_name="unscored", tracking_uri=uri, save_dir=tmp_path)
+    # its artifacts in tmp_path (a SQLite store's default artifact root is ./mlruns of the cwd)
+    logger = MLFlowLogger(
+        experiment_name="unscored",
+        tracking_uri=uri,
+        artifact_location=(tmp_path / "artifacts").as_uri(),
+    )
     callback = PostHocCalibration(methods=METHODS, folds=FOLDS, log_diagrams=False)
     with package_warns(
         r"^PostHocCalibration: isotonic cannot be scored at epoch 1: its cross-validated NLL "
