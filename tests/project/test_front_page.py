@@ -77,7 +77,8 @@ def test_make_test_after_the_demo_installs_the_test_tools(tmp_path: Path) -> Non
     (venv / "bin" / "python").touch()
     commands = make_dry_run("test", venv)
     assert "python3 -m venv" not in commands  # the demo's venv is kept
-    assert '$VENV/bin/uv pip install -q --compile-bytecode --python $VENV/bin/python -e ".[dev]"' in commands
+    uv = '$VENV/bin/uv pip install -q --compile-bytecode --python $VENV/bin/python -e ".[dev]"'
+    assert uv in commands
     assert "dirichletcal" in commands
     for tool in ("ruff check", "mypy", "mkdocs build", "pytest"):
         assert f"$VENV/bin/{tool}" in commands, tool
