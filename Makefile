@@ -52,11 +52,13 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# lint (ruff, mypy), docs and the tests (PYTEST_WORKERS workers) run side by side, after venv,
-# which all need: mypy's minute fills the cores the tests leave idle while they wait on their
-# subprocesses and servers. Any one failing fails make test.
+# lint (ruff, mypy) and the tests (PYTEST_WORKERS workers) run side by side, after venv, which
+# both need: mypy's minute fills the cores the tests leave idle while they wait on their
+# subprocesses and servers. Either failing fails make test. The strict documentation build is
+# one of the tests (tests/project/test_docs.py builds the site as `make docs` does), so it is
+# not run a second time here.
 test:
-	$(MAKE) --no-print-directory -j3 lint docs pytest
+	$(MAKE) --no-print-directory -j2 lint pytest
 
 # The package's and the tests' bytecode first, for the same reason (it is read, never written,
 # under PYTHONDONTWRITEBYTECODE; a changed source file is compiled again from its mtime).

@@ -39,13 +39,10 @@ sender that takes metrics off the training path).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from lightning_losses._lazy import lazy_exports
 from lightning_losses.tracking.async_log import BackgroundSender
-from lightning_losses.tracking.config import (
-    TrackingConfigCallback,
-    checkpoint_tracking,
-    run_folder_root,
-    run_id_from_checkpoint,
-)
 from lightning_losses.tracking.constants import (
     CHECKPOINT_KEY,
     DEFAULT_EXPERIMENT,
@@ -66,7 +63,6 @@ from lightning_losses.tracking.history import (
     metric_history,
     resume_markers,
 )
-from lightning_losses.tracking.logger import TrackingLogger
 from lightning_losses.tracking.params import flatten
 from lightning_losses.tracking.process import process_is_gone, process_tags
 from lightning_losses.tracking.replay import SpoolReplayError, sync_tracking
@@ -103,6 +99,30 @@ from lightning_losses.tracking.uri import (
     without_password,
     without_redacted,
 )
+
+if TYPE_CHECKING:  # loaded on first use (below): these two import Lightning
+    from lightning_losses.tracking.config import (
+        TrackingConfigCallback,
+        checkpoint_tracking,
+        run_folder_root,
+        run_id_from_checkpoint,
+    )
+    from lightning_losses.tracking.logger import TrackingLogger
+
+#: The names whose modules import Lightning, loaded when first read, so that ``compare`` and
+#: ``sync-tracking`` (which read stores and spools) start without it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "TrackingConfigCallback",
+            "checkpoint_tracking",
+            "run_folder_root",
+            "run_id_from_checkpoint",
+        ),
+        "config",
+    ),
+    "TrackingLogger": "logger",
+}
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -162,3 +182,5 @@ __all__ = [
     "without_password",
     "without_redacted",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.paths import ROOT, SCRIPT
+from helpers.paths import ROOT
+from helpers.preloaded import run_preloaded
 from helpers.server import free_port
 
 from lightning_losses import GammaCrossEntropyLoss, loss_class
@@ -118,21 +118,6 @@ def test_fit_then_test_and_predict_from_checkpoint(tmp_path):
     assert loss_class("focal") is type(tested.model.criterion)
 
 
-@pytest.mark.slow
-def test_console_script_runs(tmp_path):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    config = str(ROOT / "configs" / "digits_ce.yaml")
-    done = subprocess.run(
-        [str(SCRIPT), "fit", "--config", config, *QUICK, "--verbose"],  # Lightning's lines too
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "max_epochs=1" in done.stderr + done.stdout
-
-
 def test_help_names_every_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -154,8 +139,8 @@ def test_unreachable_tracking_server_is_one_short_message(tmp_path):
     port = free_port()  # a port nobody listens on
     uri = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-    command = [str(SCRIPT), "fit", f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    arguments = ["fit", f"--trainer.logger.init_args.tracking_uri={uri}", *QUICK]
+    done = run_preloaded(arguments, cwd=tmp_path, env=env)  # forked from a warm interpreter
     assert done.returncode == 2
     [message] = [line for line in done.stderr.splitlines() if "error:" in line]
     option = "trainer.logger.init_args.tracking_uri"

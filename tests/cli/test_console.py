@@ -93,6 +93,29 @@ def test_command_help_is_light(command, option):
     assert option in text
 
 
+@pytest.mark.slow
+def test_compare_and_sync_tracking_run_without_lightning(tmp_path):
+    """They read stores and spools: Lightning (about 7 s of imports here) is not needed."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("light"))
+    client.log_metric(run.info.run_id, "val/acc", 0.5, step=1)
+    client.set_terminated(run.info.run_id)
+    text, result = probe(["compare", "--experiment", "light", "--tracking-uri", uri])
+    assert result["status"] == 0, text
+    assert "lightning" not in result["heavy"]
+    assert "0.5000" in text  # the run's metric, in the table
+    (tmp_path / "empty").mkdir()
+    text, result = probe(["sync-tracking", str(tmp_path / "empty")])
+    assert result["status"] != 0  # no spool there: said in one line
+    assert result["heavy"] == []
+    import lightning_losses.tracking as tracking
+
+    assert tracking.TrackingLogger.__module__ == "lightning_losses.tracking.logger"  # on demand
+
+
 def test_installed_script_answers_help():
     done = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers.paths import SCRIPT
+from helpers.preloaded import run_preloaded
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from mlflow.tracking import MlflowClient
 from torch import nn
@@ -38,21 +38,16 @@ TINY = [
     "--trainer.limit_train_batches=2",
     "--trainer.limit_val_batches=2",
 ]
-#: Runs a command with a file-size limit (SIGXFSZ ignored: a write past it fails with EFBIG).
-LIMITED = (
-    "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-    "limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); "
-    "os.execv(sys.argv[2], sys.argv[2:])"
-)
 
 
 def run_cli(args: list[str], cwd: Path, limit: int | None = None) -> subprocess.CompletedProcess:
-    """``lightning-losses ARGS`` in ``cwd`` (with a file-size limit in bytes if given)."""
+    """``lightning-losses ARGS`` in ``cwd`` (with a file-size limit in bytes if given).
+
+    A process of its own, forked from a warm interpreter (:mod:`helpers.preloaded`): what is
+    tested is the command's end, not its start.
+    """
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    command = [str(SCRIPT), *args]
-    if limit is not None:
-        command = [sys.executable, "-c", LIMITED, str(limit), *command]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return run_preloaded(args, cwd=cwd, env=env, timeout=600, fsize_limit=limit)
 
 
 def store_options(folder: Path) -> list[str]:

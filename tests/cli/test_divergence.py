@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers.paths import SCRIPT
+from helpers.preloaded import run_preloaded
 from mlflow.tracking import MlflowClient
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -235,10 +235,9 @@ def test_the_learning_rate_option_is_found_in_the_language_models_config():
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``lightning-losses ARGS``, forked from a warm interpreter (:mod:`helpers.preloaded`)."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run(
-        [str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    return run_preloaded(args, cwd=cwd, env=env, timeout=600)
 
 
 def the_run(folder: Path):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
-from helpers.paths import SCRIPT
+from helpers.preloaded import run_preloaded
 from mlflow.tracking import MlflowClient
 
 from lightning_losses.cli.fit import main
@@ -31,19 +30,10 @@ def test_test_with_a_missing_checkpoint_is_one_line_and_creates_no_run(tmp_path)
     missing = tmp_path / "mlflow_runs" / "1" / "abc" / "checkpoints" / "last.ckpt"
     uri = f"sqlite:///{tmp_path / 'store.db'}"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run(
-        [
-            str(SCRIPT),
-            "test",
-            "--ckpt_path",
-            str(missing),
-            f"--trainer.logger.init_args.tracking_uri={uri}",
-        ],
+    done = run_preloaded(  # a process of its own, forked from a warm interpreter
+        ["test", "--ckpt_path", str(missing), f"--trainer.logger.init_args.tracking_uri={uri}"],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""

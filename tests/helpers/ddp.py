@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.console import run_console
+from helpers.preloaded import run_preloaded
 from helpers.server import free_port
 
 __all__ = [
@@ -103,7 +103,7 @@ def run_ddp_console(arguments: Sequence[str], cwd: Path, *, timeout: float = 300
     that a second process really ran. A hang (collectives out of step) fails after ``timeout``
     seconds instead of blocking the suite.
     """
-    done = run_console([*arguments, "--verbose"], cwd=cwd, env=launch_env(), timeout=timeout)
+    done = run_preloaded([*arguments, "--verbose"], cwd=cwd, env=launch_env(), timeout=timeout)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output  # a second process really ran

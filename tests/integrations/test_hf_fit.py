@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
-import subprocess
 from pathlib import Path
 
 import lightning as L
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.ddp import spawn_gloo
-from helpers.paths import SCRIPT
+from helpers.preloaded import run_preloaded
 
 transformers = pytest.importorskip("transformers", reason="the [hf] extra is not installed")
 
@@ -157,11 +157,10 @@ def test_two_gloo_processes_log_the_token_metrics_of_all_validation_tokens(tmp_p
 def test_a_shipped_hf_config_fits_from_the_command_line(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    done = subprocess.run(
-        [str(SCRIPT), "lm", "fit", "--config", "hf_llama_tiny_tailr", *QUICK],
+    done = run_preloaded(  # a process of its own, forked from a warm interpreter
+        ["lm", "fit", "--config", "hf_llama_tiny_tailr", *QUICK],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
+        env=dict(os.environ),
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -80,7 +80,7 @@ def test_make_test_after_the_demo_installs_the_test_tools(tmp_path: Path) -> Non
     uv = '$VENV/bin/uv pip install -q --compile-bytecode --python $VENV/bin/python -e ".[dev]"'
     assert uv in commands
     assert "dirichletcal" in commands
-    for tool in ("ruff check", "mypy", "mkdocs build", "pytest"):
+    for tool in ("ruff check", "mypy", "pytest"):  # the strict docs build is one of the tests
         assert f"$VENV/bin/{tool}" in commands, tool
 
 

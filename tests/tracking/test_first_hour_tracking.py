@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 import lightning as L
 import pytest
 import torch
-from helpers.console import run_console
 from helpers.ddp import DDP_ARGS, launch_env
 from helpers.paths import CONFIGS
+from helpers.preloaded import run_preloaded
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -127,7 +127,7 @@ def test_own_per_epoch_checkpoint_beside_a_shipped_config(fit):
 @pytest.mark.slow
 def test_own_per_epoch_checkpoint_under_ddp(tmp_path):
     config = CONFIGS / "digits_ce.yaml"
-    done = run_console(
+    done = run_preloaded(  # rank 0 forked from a warm interpreter; Lightning starts rank 1
         ["fit", "--config", str(config), *OWN_CHECKPOINT, *TINY, *DDP_ARGS],
         cwd=tmp_path,
         env=launch_env(OMP_NUM_THREADS="1"),
