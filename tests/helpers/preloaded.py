@@ -55,7 +55,7 @@ def _started_server() -> subprocess.Popen[bytes]:
             [sys.executable, str(SERVER), str(SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=console_env(),
+            env=console_env(unset=("MLFLOW_TRACKING_URI", "PYTHONWARNINGS")),  # see the server
         )
         atexit.register(_stop_server)
     return _server

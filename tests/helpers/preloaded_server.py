@@ -48,9 +48,9 @@ def _child(request: dict, script: str) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    # PYTHONWARNINGS acts when an interpreter starts: apply the child's as that start would.
+    # PYTHONWARNINGS acts when an interpreter starts: the server started without it, with the
+    # filters Python and the imported packages set; the child's go on top, as at a start.
     sys.warnoptions[:] = [w for w in request["env"].get("PYTHONWARNINGS", "").split(",") if w]
-    warnings.resetwarnings()
     warnings._processoptions(sys.warnoptions)  # type: ignore[attr-defined]
     if request.get("fsize_limit") is not None:  # a write past it fails with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
