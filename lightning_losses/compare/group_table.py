@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_losses.compare.decide import MAX_SEEDS, Decision
+from lightning_losses.compare.query import coverage_target
 from lightning_losses.compare.table import _GAP
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "GroupComparison",
     "GroupRow",
     "format_groups",
+    "higher_is_better",
     "verdict_text",
     "write_groups_csv",
 ]
@@ -40,6 +42,16 @@ __all__ = [
 SEED_PARAM = "seed_everything"
 #: Quantities where higher is better; lower is better for the others (NLL, ECE, Brier).
 HIGHER_IS_BETTER = frozenset({"acc"})
+
+
+def higher_is_better(metric: str) -> bool:
+    """The direction of a compared metric (``val/acc``: higher; NLL, ECE, set sizes: lower).
+
+    Example:
+        >>> higher_is_better("test/acc"), higher_is_better("test/conformal_raps_0.1_size")
+        (True, False)
+    """
+    return metric.split("/", 1)[1] in HIGHER_IS_BETTER
 
 
 @dataclass(frozen=True)
@@ -230,8 +242,7 @@ def _cells(row: GroupRow) -> dict[str, str]:
     }
     if row.decision is not None:
         cells["difference"] = _plus_minus(row.decision.difference, row.decision.high, "+")
-        higher = row.metric.split("/", 1)[1] in HIGHER_IS_BETTER
-        cells["verdict"] = verdict_text(row.decision, higher_is_better=higher)
+        cells["verdict"] = verdict_text(row.decision, higher_is_better=higher_is_better(row.metric))
     elif row.note:
         cells["verdict"] = row.note
     return cells
@@ -329,9 +340,13 @@ def format_groups(result: GroupComparison, *, width: int | None = None) -> str:
     for row, texts in zip(result.rows, cells, strict=True):
         if row.metric != metric:
             metric = row.metric
-            better = "higher" if metric.split("/", 1)[1] in HIGHER_IS_BETTER else "lower"
-            margin = result.margins[metric]
-            lines.append(f"{metric} ({better} is better; equivalence margin ±{margin:g})")
+            target = coverage_target(metric)
+            if target is not None:
+                lines.append(f"{metric} (should be {target:g}, the level the sets guarantee)")
+            else:
+                better = "higher" if higher_is_better(metric) else "lower"
+                margin = result.margins[metric]
+                lines.append(f"{metric} ({better} is better; equivalence margin ±{margin:g})")
         if wrapped:
             lines.append(texts["group"])
         lines.append(line(texts))

@@ -43,16 +43,24 @@ from lightning_losses.compare.alike import (
 from lightning_losses.compare.decide import decide, t_interval
 from lightning_losses.compare.group_table import (
     GROUP_CSV_COLUMNS,
-    HIGHER_IS_BETTER,
     SEED_PARAM,
     GroupComparison,
     GroupRow,
     format_groups,
+    higher_is_better,
     verdict_text,
     write_groups_csv,
 )
 from lightning_losses.compare.params import class_name, parse_param
-from lightning_losses.compare.query import METRICS, _loss_name, run_fields
+from lightning_losses.compare.query import (
+    CONFORMAL_MARGINS,
+    CONFORMAL_METRIC,
+    METRICS,
+    _loss_name,
+    conformal_metrics,
+    coverage_target,
+    run_fields,
+)
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -244,23 +252,24 @@ def parse_margins(texts: Sequence[str]) -> dict[str, float]:
     """The ``--margin METRIC=VALUE`` options: equivalence margins by quantity or metric.
 
     ``METRIC`` is a quantity (``acc``, ``nll``, ``ece``, ``brier``, ``smooth_ece``: every stage)
-    or one metric (``val/acc``, ``test/ece``); ``VALUE`` a number >= 0 in the metric's units
-    (0: never equivalent).
+    or one metric (``val/acc``, ``test/ece``, a prediction set's
+    ``test/conformal_aps_0.1_size``); ``VALUE`` a number >= 0 in the metric's units (0: never
+    equivalent).
 
     Raises:
         ValueError: naming ``--margin``, for a malformed option, an unknown metric or a value
             that is not a number >= 0.
 
     Example:
-        >>> parse_margins(["acc=0.02", "test/ece=0.01"])
-        {'acc': 0.02, 'test/ece': 0.01}
+        >>> parse_margins(["acc=0.02", "test/ece=0.01", "test/conformal_lac_0.05_size=0.2"])
+        {'acc': 0.02, 'test/ece': 0.01, 'test/conformal_lac_0.05_size': 0.2}
     """
     known = [*QUANTITIES, *_metric_keys()]
     margins: dict[str, float] = {}
     for text in texts:
         name, sep, value = text.partition("=")
         name = name.strip()
-        if not sep or name not in known:
+        if not sep or (name not in known and not CONFORMAL_METRIC.fullmatch(name)):
             raise ValueError(
                 f"--margin expects METRIC=VALUE with METRIC one of {', '.join(QUANTITIES)} "
                 f"(or val/acc, test/ece, ...), e.g. --margin acc=0.02; got {text!r}"
@@ -280,7 +289,9 @@ def parse_margins(texts: Sequence[str]) -> dict[str, float]:
 def _margin(metric: str, margins: Mapping[str, float]) -> float:
     """The margin of ``metric``: given for it, else for its quantity, else the default."""
     quantity = metric.split("/", 1)[1]
-    return margins.get(metric, margins.get(quantity, DEFAULT_MARGINS[quantity]))
+    conformal = CONFORMAL_METRIC.fullmatch(metric)
+    default = CONFORMAL_MARGINS[conformal["measure"]] if conformal else DEFAULT_MARGINS[quantity]
+    return margins.get(metric, margins.get(quantity, default))
 
 
 def resolve_group_by(name: str, records: Sequence[RunRecord]) -> str:
@@ -689,6 +700,8 @@ def _logged_metrics(groups: Mapping[str, list[RunRecord]]) -> dict[str, tuple[st
         for metric, keys in _metric_keys().items()
         if any(key in run.metrics for runs in groups.values() for run in runs for key in keys)
     }
+    logged = {key: 0.0 for runs in groups.values() for run in runs for key in run.metrics}
+    metric_keys.update((key, (key,)) for key in conformal_metrics(logged))
     if not metric_keys:
         raise ValueError(f"no run logged any of {', '.join(_metric_keys())}")
     return metric_keys
@@ -718,13 +731,15 @@ def _group_row(
         margin: the metric's equivalence margin.
         level: level of the intervals.
     """
-    higher = metric.split("/", 1)[1] in HIGHER_IS_BETTER
+    higher = higher_is_better(metric)
     mean = low = high = None
     if values:
         mean, low, high = t_interval(list(values.values()), level)
     decision, note = None, None
     if is_base:
         note = "baseline"
+    elif coverage_target(metric) is not None:
+        note = "no verdict (a coverage)"
     elif not values or not base_values:
         note = "not logged"
     elif seeds is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS",
+    "CONFORMAL_MARGINS",
+    "CONFORMAL_METRIC",
     "DEFAULT_TRACKING_URI",
     "FIT_METRICS",
     "LISTED_STATUSES",
@@ -46,6 +49,8 @@ __all__ = [
     "OPTIONAL_METRICS",
     "RUN_STATUSES",
     "collect_runs",
+    "conformal_metrics",
+    "coverage_target",
     "fit_seconds",
     "mlflow_client",
     "resolve_tracking_uri",
@@ -77,6 +82,48 @@ METRICS: dict[str, tuple[str, ...]] = {
 #: Metrics logged only on request (``CalibrationMonitor(smooth=True)``, ``PostHocCalibration``):
 #: the text table shows their column only when some run has a value.
 OPTIONAL_METRICS: tuple[str, ...] = ("val/smooth_ece", "val/posthoc_nll", "val/posthoc_ece")
+#: The prediction-set metrics ``ConformalPrediction`` logs at ``test`` that are compared:
+#: ``test/conformal_<method>_<alpha>_size`` (the mean set size: smaller is better, the coverage
+#: being guaranteed) and ``..._coverage`` (shown with its interval, without a verdict: it should
+#: sit at ``1 - alpha``, neither side of it better).
+CONFORMAL_METRIC = re.compile(
+    r"test/conformal_(?P<method>[a-z_]+?)_(?P<alpha>[0-9][0-9.e+-]*)_(?P<measure>coverage|size)"
+)
+#: Equivalence margins of the prediction-set metrics, by measure: a tenth of a label of mean set
+#: size, two points of coverage.
+CONFORMAL_MARGINS = {"size": 0.1, "coverage": 0.02}
+
+
+def coverage_target(metric: str) -> float | None:
+    """``1 - alpha`` for a conformal coverage metric, ``None`` for any other metric.
+
+    Example:
+        >>> coverage_target("test/conformal_aps_0.1_coverage")
+        0.9
+        >>> coverage_target("test/conformal_aps_0.1_size") is None
+        True
+    """
+    found = CONFORMAL_METRIC.fullmatch(metric)
+    if found is None or found["measure"] != "coverage":
+        return None
+    return round(1.0 - float(found["alpha"]), 12)
+
+
+def conformal_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The prediction-set metrics among ``metrics`` (:data:`CONFORMAL_METRIC`), in order.
+
+    Ordered by score, level, then coverage before size.
+
+    Example:
+        >>> conformal_metrics({"val/acc": 0.9, "test/conformal_lac_0.1_size": 1.2,
+        ...                    "test/conformal_lac_0.1_coverage": 0.91})
+        {'test/conformal_lac_0.1_coverage': 0.91, 'test/conformal_lac_0.1_size': 1.2}
+    """
+    found = [CONFORMAL_METRIC.fullmatch(key) for key in metrics]
+    order = lambda m: (m["method"], float(m["alpha"]), m["measure"])  # noqa: E731
+    return {m[0]: float(metrics[m[0]]) for m in sorted(filter(None, found), key=order)}
+
+
 #: The keys of a row, in CSV column order.
 COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -463,6 +510,7 @@ def run_row(
         **_final_metrics(metrics),
         "epochs": _epochs(metrics, params),
         "wall_time_s": wall_time_s,
+        **conformal_metrics(metrics),  # after the columns: the CSV's last ones
     }
 
 

@@ -24,13 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from lightning_losses.compare.describe import join_hparams, split_hparams
-from lightning_losses.compare.query import COLUMNS, METRICS, OPTIONAL_METRICS
+from lightning_losses.compare.query import (
+    COLUMNS,
+    CONFORMAL_METRIC,
+    METRICS,
+    OPTIONAL_METRICS,
+)
 
 __all__ = [
     "DEFAULT_WIDTH",
     "MAX_CELL",
     "NUMERIC_COLUMNS",
     "TABLE_COLUMNS",
+    "format_sets",
     "format_table",
     "sort_rows",
     "write_csv",
@@ -347,6 +353,56 @@ def _render(
     body = [line([cells[key][i] for key in keys]) for i in range(count)]
     table = "\n".join([line([headers[key] for key in keys]), rule, *body])
     return table + "\n\n" + "\n".join(notes) if notes else table
+
+
+def format_sets(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The runs' prediction sets at ``test``: each score and level's coverage / mean set size.
+
+    Read from the rows' ``test/conformal_<method>_<alpha>_{coverage,size}`` keys (what
+    ``ConformalPrediction`` logs when ``lightning-losses test`` runs); ``None`` when no row
+    has them. One line per run that has them, in the rows' order; ``-`` where a run lacks one.
+
+    Example:
+        >>> print(format_sets([
+        ...     {"run_name": "ce", "run_id": "0123456789ab",
+        ...      "test/conformal_aps_0.1_coverage": 0.9031, "test/conformal_aps_0.1_size": 1.84},
+        ...     {"run_name": "no sets", "run_id": "ffff"},
+        ... ]))
+        prediction sets at test: coverage / mean set size, by score and alpha
+        run  id        aps 0.1
+        ---------------------------
+        ce   01234567  0.903 / 1.84
+    """
+    pairs: dict[tuple[str, str], None] = {}
+    for row in rows:
+        for key in row:
+            found = CONFORMAL_METRIC.fullmatch(key)
+            if found:
+                pairs[found["method"], found["alpha"]] = None
+    if not pairs:
+        return None
+    order = sorted(pairs, key=lambda pair: (pair[0], float(pair[1])))
+
+    def cell(row: Mapping[str, Any], method: str, alpha: str) -> str:
+        key = f"test/conformal_{method}_{alpha}"
+        coverage, size = row.get(f"{key}_coverage"), row.get(f"{key}_size")
+        if coverage is None and size is None:
+            return "-"
+        return f"{_cell(coverage, '{:.3f}')} / {_cell(size, '{:.2f}')}"
+
+    table = [["run", "id", *(f"{method} {alpha}" for method, alpha in order)]]
+    for row in rows:
+        cells = [cell(row, method, alpha) for method, alpha in order]
+        if any(c != "-" for c in cells):
+            table.append([str(row.get("run_name")), _short_id(row.get("run_id")), *cells])
+    widths = [max(len(line[k]) for line in table) for k in range(len(table[0]))]
+    text = [
+        (" " * _GAP).join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    ]
+    rule = "-" * (sum(widths) + _GAP * (len(widths) - 1))
+    title = "prediction sets at test: coverage / mean set size, by score and alpha"
+    return "\n".join([title, text[0], rule, *text[1:]])
 
 
 def write_csv(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:

@@ -8,6 +8,8 @@ them (themselves tested against TorchCP and MAPIE in tests/calibration/conformal
 
 from __future__ import annotations
 
+import csv
+
 import lightning as L
 import pytest
 import torch
@@ -212,7 +214,7 @@ def test_wrong_order_and_bad_arguments(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch):
+def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 
     from lightning_losses.cli.fit import main
@@ -244,3 +246,27 @@ def test_the_shipped_config_fits_through_the_cli(tmp_path, monkeypatch):
     q = float(callback.thresholds["aps"][1])
     assert metrics["conformal/q_aps_0.05"] == pytest.approx(q, rel=1e-6)
     assert posthoc.calibrator is not None
+
+    # `lightning-losses test` logs the sets' measures; `compare` shows and writes them.
+    tested = ["test", "--config", "mnist1d_ce_conformal", "--ckpt_path", str(last)]
+    main([*tested, "--trainer.limit_test_batches=2", *quick[3:]])
+    tested = client.get_run(run.info.run_id).data.metrics
+    capsys.readouterr()
+    from lightning_losses.compare.cli import main as compare
+
+    assert compare(["--experiment", "lightning-losses", "--tracking-uri", client.tracking_uri]) == 0
+    out = capsys.readouterr().out.splitlines()
+    title = out.index("prediction sets at test: coverage / mean set size, by score and alpha")
+    header, _, line = out[title + 1 : title + 4]
+    columns = [
+        word for m in sorted(callback.thresholds) for a in ("0.05", "0.1") for word in (m, a)
+    ]
+    assert header.split() == ["run", "id", *columns]  # every score at both levels
+    assert line.startswith(f"{run.info.run_name}  {run.info.run_id[:8]}")
+    cells = line.split("  ")
+    key = "test/conformal_aps_0.1"
+    shown = f"{tested[key + '_coverage']:.3f} / {tested[key + '_size']:.2f}"
+    assert shown in cells
+    (csv_path,) = tmp_path.glob("comparison/comparison.csv")
+    [row] = list(csv.DictReader(csv_path.open()))
+    assert float(row[key + "_size"]) == tested[key + "_size"]  # full precision in the CSV
