@@ -337,9 +337,12 @@ class ConformalPrediction(Callback):
         logits, target, positions = gathered
         probs = self._probs(logits)
         report = {}
+        # every label's score once per method (one sort for all); each level's sets a comparison
+        all_scores = CP.all_label_scores_by_method(
+            probs, list(self.thresholds), **self._scores_options(positions, 2)
+        )
         for method, q in self.thresholds.items():
-            # every label's score once per method; each level's sets are a comparison
-            scores = CP.all_label_scores(probs, method=method, **self._scores_options(positions, 2))
+            scores = all_scores[method]
             for a, threshold in zip(self.alpha, q.tolist(), strict=True):
                 sets = scores <= threshold
                 stats = CP.set_statistics(sets, target, ignore_index=self.ignore_index)

@@ -32,7 +32,11 @@ from lightning_losses.calibration.conformal.measures import (
     size_stratified_coverage_violation,
 )
 from lightning_losses.calibration.conformal.metrics import ConformalThreshold, PredictionSetMetrics
-from lightning_losses.calibration.conformal.scores import all_label_scores, conformal_scores
+from lightning_losses.calibration.conformal.scores import (
+    all_label_scores,
+    all_label_scores_by_method,
+    conformal_scores,
+)
 from lightning_losses.calibration.conformal.sets import prediction_sets
 from lightning_losses.calibration.conformal.threshold import (
     class_conditional_thresholds,
@@ -47,6 +51,7 @@ __all__ = [
     "PredictionSetMetrics",
     "SetStatistics",
     "all_label_scores",
+    "all_label_scores_by_method",
     "class_conditional_thresholds",
     "class_coverage_gap",
     "conformal_rank",

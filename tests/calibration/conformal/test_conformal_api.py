@@ -8,6 +8,8 @@ import torch
 from lightning_losses.calibration.conformal import (
     ConformalThreshold,
     PredictionSetMetrics,
+    all_label_scores,
+    all_label_scores_by_method,
     class_conditional_thresholds,
     class_coverage_gap,
     conformal_scores,
@@ -163,3 +165,21 @@ def test_a_python_float_threshold_is_not_rounded_to_float32() -> None:
             probs, torch.tensor(q, dtype=torch.float64), method="aps", randomized=False
         ),
     )
+
+
+@pytest.mark.parametrize("shape", [(64, 7), (8, 5, 3, 2)])
+def test_scores_by_method_equal_each_methods_scores_bit_for_bit(shape) -> None:
+    g = torch.Generator().manual_seed(3)
+    probs = torch.randn(shape, generator=g).mul(3).softmax(1)
+    probs[0, :2] = probs[0, :2].mean()  # a tie: the stable sort's order decides
+    rows = probs.numel() // probs.shape[1]
+    noise = torch.rand(rows, generator=g)
+    methods = ["saps", "lac", "aps", "top_k", "raps"]
+    options = {"k_reg": 2, "lam": 0.05, "weight": 0.3}
+    together = all_label_scores_by_method(probs, methods, noise=noise, **options)
+    assert list(together) == methods
+    for method in methods:
+        alone = all_label_scores(probs, method=method, noise=noise, **options)
+        assert torch.equal(together[method], alone), method
+    with pytest.raises(ValueError, match="method must be one of"):
+        all_label_scores_by_method(probs, ["aps", "thr"])
