@@ -221,3 +221,25 @@ def test_dispatch_and_reproduce_import_no_module_that_imports_them_back():
     assert not [name for name, deps in graph.items() if "lightning_losses.cli.console" in deps]
     assert "lightning_losses.cli.fit" in graph["lightning_losses.reproduce.runner"]
     assert not reachable("lightning_losses.cli") & {n for n in files if ".reproduce" in n}
+
+
+@pytest.mark.slow
+def test_a_preloaded_run_gives_what_the_script_gives_and_times_out_cleanly(tmp_path):
+    """The suite's forked runs (helpers/preloaded.py): status, output, folder, time limit."""
+    from helpers.preloaded import run_preloaded
+
+    script = subprocess.run(
+        [str(SCRIPT), "fit", "--trainer.max_epoch=1"], capture_output=True, text=True, cwd=tmp_path
+    )
+    forked = run_preloaded(["fit", "--trainer.max_epoch=1"], cwd=tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        script.returncode,
+        script.stdout,
+        script.stderr,
+    )
+    assert forked.returncode == 2
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_preloaded(["fit", "--trainer.max_epochs=1000"], cwd=tmp_path, timeout=3)
+    again = run_preloaded(["--version"], cwd=tmp_path)  # the server goes on after a kill
+    assert again.returncode == 0
+    assert again.stdout.startswith("lightning-losses ")

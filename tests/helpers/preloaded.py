@@ -17,6 +17,7 @@ itself (:func:`helpers.console.run_console`, ``subprocess``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -53,6 +54,7 @@ def _started_server() -> subprocess.Popen[bytes]:
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen(
             [sys.executable, str(SERVER), str(SCRIPT)],
+            bufsize=0,  # no read-ahead: select() then sees every answer not yet read
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=console_env(unset=("MLFLOW_TRACKING_URI", "PYTHONWARNINGS")),  # see the server
@@ -70,6 +72,15 @@ def _answer(server: subprocess.Popen[bytes], timeout: float | None) -> dict:
     if not line:
         raise RuntimeError(f"the preloaded server ended (status {server.wait()})")
     return json.loads(line)
+
+
+def _kill(pid: int) -> None:
+    """Kill the child's process group (the child itself, if it has not made its group yet)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def run_preloaded(
@@ -106,17 +117,23 @@ def run_preloaded(
         }
         server = _started_server()
         assert server.stdin is not None
-        server.stdin.write(json.dumps(request).encode() + b"\n")
-        server.stdin.flush()
-        pid = _answer(server, 600)["pid"]  # the first request waits for the imports
         try:
-            returncode = _answer(server, timeout)["returncode"]
-        except TimeoutError:
-            os.killpg(pid, signal.SIGKILL)
-            _answer(server, 60)
-            raise subprocess.TimeoutExpired(
-                ["lightning-losses", *arguments], timeout, out.read_text(), err.read_text()
-            ) from None
+            server.stdin.write(json.dumps(request).encode() + b"\n")
+            server.stdin.flush()
+            pid = _answer(server, 600)["pid"]  # the first request waits for the imports
+            try:
+                returncode = _answer(server, timeout)["returncode"]
+            except TimeoutError:
+                _kill(pid)
+                _answer(server, 60)
+                raise subprocess.TimeoutExpired(
+                    ["lightning-losses", *arguments], timeout, out.read_text(), err.read_text()
+                ) from None
+        except BaseException as error:  # a server out of step with its requests is not reused
+            if not isinstance(error, subprocess.TimeoutExpired):
+                server.kill()
+                server.wait()
+            raise
         return subprocess.CompletedProcess(
             ["lightning-losses", *arguments], returncode, out.read_text(), err.read_text()
         )
