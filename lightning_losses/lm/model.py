@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import lightning as L
@@ -201,7 +202,7 @@ class TokenCalibration(Metric):
 # ----------------------------------------------------------------------------------------------
 
 
-class TokenLanguageModel(LossMixin, L.LightningModule):
+class TokenLanguageModel(LossMixin, L.LightningModule, abc.ABC):
     """What every next-token model of the package shares: training through a chunked head, token metrics.
 
     A subclass builds its network, calls :meth:`setup_language_model` in ``__init__``, and
@@ -241,9 +242,9 @@ class TokenLanguageModel(LossMixin, L.LightningModule):
         #: ``(epoch, (count, confidence sum, correct sum))`` of the last validation epoch.
         self.last_val_bins: tuple[int, tuple[Tensor, Tensor, Tensor]] | None = None
 
+    @abc.abstractmethod
     def output_head(self) -> tuple[Tensor, Tensor | None]:
-        """``(weight [V, H], bias [V] or None)`` of the output layer."""
-        raise NotImplementedError(f"{type(self).__name__} must define output_head()")
+        """``(weight [V, H], bias [V] or None)`` of the output layer (each model defines it)."""
 
     def next_token_hidden(self, batch: Any) -> tuple[Tensor, Tensor]:
         """``(hidden [B, L, H], target [B, L])`` of a batch ``(tokens, target)`` of windows."""

@@ -293,3 +293,12 @@ def test_config_fit_is_tracked_in_mlflow(tmp_path, monkeypatch):
     assert "criterion/gamma" in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.yaml" in artifacts
+
+
+def test_the_base_model_needs_its_output_head():
+    """TokenLanguageModel is abstract: a subclass without output_head() cannot be built."""
+    from lightning_losses.lm.model import TokenLanguageModel
+
+    with pytest.raises(TypeError, match="abstract method output_head"):
+        TokenLanguageModel()
+    assert "output_head" not in TinyLanguageModel.__abstractmethods__

@@ -88,6 +88,7 @@ def test_class_conditional_coverage_per_class() -> None:
     n_cal = [len(m) // 3 for m in members]
     assert min(n_cal) >= 9  # a finite threshold for alpha = 0.1
     covered = torch.zeros(trials, CLASSES, dtype=torch.float64)
+    one_too_low = torch.zeros(trials, CLASSES, dtype=torch.float64)
     perms = [torch.rand(trials, len(m), generator=g).argsort(1) for m in members]
     cal_index = torch.cat([m[p[:, :n]] for m, p, n in zip(members, perms, n_cal, strict=True)], 1)
     cal_labels = labels[cal_index[0]]  # the same class layout in every trial
@@ -95,9 +96,25 @@ def test_class_conditional_coverage_per_class() -> None:
         q = class_conditional_thresholds(
             scores[cal_index[t]], cal_labels, alpha, num_classes=CLASSES
         )
+        if t == 0:  # the thresholds against each class's order statistic, written out here
+            for c, n in enumerate(n_cal):
+                own = scores[cal_index[0][cal_labels == c]].sort().values
+                assert q[c] == own[math.ceil((n + 1) * (1 - alpha) - 1e-9) - 1]
         for c, (m, p, n) in enumerate(zip(members, perms, n_cal, strict=True)):
             covered[t, c] = (scores[m[p[t, n:]]] <= q[c]).double().mean()
+            cal = scores[m[p[t, :n]]].sort().values
+            k = math.ceil((n + 1) * (1 - alpha) - 1e-9)
+            one_too_low[t, c] = (scores[m[p[t, n:]]] <= cal[k - 2]).double().mean()
     mean, se = covered.mean(0), covered.std(0) / math.sqrt(trials)
+    low_mean, low_se = one_too_low.mean(0), one_too_low.std(0) / math.sqrt(trials)
     for c in range(CLASSES):
         n = n_cal[c]
+        k = math.ceil((n + 1) * (1 - alpha) - 1e-9)
         assert 1 - alpha - 3 * se[c] <= mean[c] <= 1 - alpha + 1 / (n + 1) + 3 * se[c], (c, n)
+        assert abs(mean[c] - k / (n + 1)) <= 3 * se[c], (c, n)  # the exact expectation
+        # The check has power: one order statistic lower, the simulation finds that threshold's
+        # own expectation (k - 1) / (n + 1), below 1 - alpha and 1 / (n + 1) (8-9 standard
+        # errors here) away from the one asserted above.
+        assert abs(low_mean[c] - (k - 1) / (n + 1)) <= 3 * low_se[c], (c, n)
+        assert low_mean[c] < 1 - alpha
+        assert abs(low_mean[c] - k / (n + 1)) > 3 * se[c], (c, n, float(low_mean[c]))
