@@ -57,7 +57,7 @@ from lightning_losses.compare.query import (
     CONFORMAL_METRIC,
     METRICS,
     _loss_name,
-    conformal_metrics,
+    conformal_keys,
     coverage_target,
     run_fields,
 )
@@ -700,8 +700,8 @@ def _logged_metrics(groups: Mapping[str, list[RunRecord]]) -> dict[str, tuple[st
         for metric, keys in _metric_keys().items()
         if any(key in run.metrics for runs in groups.values() for run in runs for key in keys)
     }
-    logged = {key: 0.0 for runs in groups.values() for run in runs for key in run.metrics}
-    metric_keys.update((key, (key,)) for key in conformal_metrics(logged))
+    logged = {key for runs in groups.values() for run in runs for key in run.metrics}
+    metric_keys.update((key, (key,)) for key in conformal_keys(logged))
     if not metric_keys:
         raise ValueError(f"no run logged any of {', '.join(_metric_keys())}")
     return metric_keys

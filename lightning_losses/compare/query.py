@@ -25,7 +25,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,7 @@ __all__ = [
     "OPTIONAL_METRICS",
     "RUN_STATUSES",
     "collect_runs",
+    "conformal_keys",
     "conformal_metrics",
     "coverage_target",
     "fit_seconds",
@@ -109,19 +110,31 @@ def coverage_target(metric: str) -> float | None:
     return round(1.0 - float(found["alpha"]), 12)
 
 
-def conformal_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The prediction-set metrics among ``metrics`` (:data:`CONFORMAL_METRIC`), in order.
+def conformal_keys(keys: Iterable[str]) -> list[str]:
+    """The prediction-set metric keys among ``keys`` (:data:`CONFORMAL_METRIC`), in order.
 
     Ordered by score, level, then coverage before size.
+
+    Example:
+        >>> conformal_keys(
+        ...     ["val/acc", "test/conformal_lac_0.1_size", "test/conformal_aps_0.1_size"]
+        ... )
+        ['test/conformal_aps_0.1_size', 'test/conformal_lac_0.1_size']
+    """
+    found = [CONFORMAL_METRIC.fullmatch(key) for key in keys]
+    order = lambda m: (m["method"], float(m["alpha"]), m["measure"])  # noqa: E731
+    return [m[0] for m in sorted(filter(None, found), key=order)]
+
+
+def conformal_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The prediction-set metrics among ``metrics``, in :func:`conformal_keys`' order.
 
     Example:
         >>> conformal_metrics({"val/acc": 0.9, "test/conformal_lac_0.1_size": 1.2,
         ...                    "test/conformal_lac_0.1_coverage": 0.91})
         {'test/conformal_lac_0.1_coverage': 0.91, 'test/conformal_lac_0.1_size': 1.2}
     """
-    found = [CONFORMAL_METRIC.fullmatch(key) for key in metrics]
-    order = lambda m: (m["method"], float(m["alpha"]), m["measure"])  # noqa: E731
-    return {m[0]: float(metrics[m[0]]) for m in sorted(filter(None, found), key=order)}
+    return {key: float(metrics[key]) for key in conformal_keys(metrics)}
 
 
 #: The keys of a row, in CSV column order.
