@@ -22,12 +22,13 @@ Small ``[N, C]`` logits (at most :data:`SMALL_ELEMENTS` elements) take the ``[N,
 instead: there a call's cost is the Python around the kernels, not the passes over the logits,
 and PyTorch's fused cross-entropy kernels are the fewest calls. Cross-entropy itself is then
 :func:`torch.nn.functional.cross_entropy` (weights, ``ignore_index``, label smoothing and the
-reductions are its own), and on a CPU that kernel's check of the target values is the check
-(an out-of-range target is reported with the package's message, found only once the kernel has
-raised); the finiteness of the logits costs one sum and one synchronisation. On a CPU, rows of
-3 to 15 classes of every loss but plain cross-entropy go instead to
-:func:`lightning_losses.functional._small.small_rows` (one autograd function around the
-log-softmax of the transpose, which PyTorch's kernel vectorises for such short rows; see
+reductions are its own; unweighted and unsmoothed on a CPU it is called straight from the
+loss function, :func:`quick_cross_entropy`), and on a CPU that kernel's check of the target
+values is the check (an out-of-range target is reported with the package's message, found only
+once the kernel has raised); the finiteness of the logits costs one sum and one
+synchronisation. On a CPU, rows of 3 to 15 classes of every loss but plain cross-entropy go
+instead to :func:`lightning_losses.functional._small.small_rows` (one autograd function around
+the log-softmax of the transpose, which PyTorch's kernel vectorises for such short rows; see
 :func:`takes_small_rows`).
 """
 
@@ -341,6 +342,59 @@ def _cross_entropy(
             x, target, weight, ignore_index=ignore_index, reduction="sum", label_smoothing=eps
         )
     return loss
+
+
+def quick_cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    validate_args: bool,
+) -> Tensor | None:
+    """Unweighted cross-entropy of small 2-D CPU logits in the fewest calls, or ``None``.
+
+    The common case of :func:`~lightning_losses.functional.cross_entropy` at small sizes,
+    where a call costs its Python, not its arithmetic: float32 or float64 ``[N, C]`` CPU logits
+    of at most :data:`SMALL_ELEMENTS` elements, int64 targets, no smoothing (``0.0``; PyTorch's
+    smoothed kernel is no faster than :func:`~._small.small_rows`), a known ``reduction``,
+    outside CPU autocast. It is
+    :func:`torch.nn.functional.cross_entropy` and the checks of :func:`_cross_entropy` (with
+    ``validate_args``, the finiteness of the logits' sum and of the mean), nothing else.
+    ``None`` means "take the general path": the case is another one, or the kernel raised (a
+    target out of range, a shape that does not match), or a value is not finite (bad logits,
+    or a mean of nothing), each of which the general path reports or handles as documented.
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0, 0.0]])
+        >>> quick_cross_entropy(logits, torch.tensor([0]), -100, "mean", 0.0, True)
+        tensor(0.2395)
+        >>> quick_cross_entropy(logits, torch.tensor([3]), -100, "mean", 0.0, True) is None
+        True
+    """
+    if not (
+        logits.is_cpu
+        and logits.dim() == 2
+        and target.dtype is torch.int64
+        and logits.dtype in _COMPUTE_DTYPES
+        and type(label_smoothing) is float
+        and label_smoothing == 0.0
+        and reduction in _REDUCTIONS
+        and logits.numel() <= SMALL_ELEMENTS
+        and not torch.is_autocast_enabled("cpu")
+    ):
+        return None
+    try:
+        loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    except (IndexError, RuntimeError, TypeError, ValueError):
+        return None
+    if validate_args:
+        return loss if _finite(logits, loss if reduction == "mean" else None) else None
+    return loss if reduction != "mean" or math.isfinite(loss.item()) else None
+
+
+#: The reductions :func:`quick_cross_entropy` takes (the general path checks the others).
+_REDUCTIONS = ("mean", "sum", "none")
 
 
 class _PhiReduced(torch.autograd.Function):

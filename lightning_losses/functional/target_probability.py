@@ -16,7 +16,12 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from lightning_losses.functional._core import Phi, phi_cross_entropy, target_probability_loss
+from lightning_losses.functional._core import (
+    Phi,
+    phi_cross_entropy,
+    quick_cross_entropy,
+    target_probability_loss,
+)
 from lightning_losses.functional.checks import (
     check_range,
 )
@@ -302,6 +307,12 @@ def cross_entropy(
         >>> cross_entropy(logits, torch.tensor([0, 2]), reduction="none", label_smoothing=0.3)
         tensor([0.6395, 1.0986])
     """
+    if weight is None and backend == "auto":
+        loss = quick_cross_entropy(
+            logits, target, ignore_index, reduction, label_smoothing, validate_args
+        )
+        if loss is not None:
+            return loss
     check_cross_entropy(label_smoothing)
     return target_probability_loss(
         logits,

@@ -268,3 +268,52 @@ def test_every_phi_is_zero_at_certainty(phi):
     value, derivative = phi(torch.tensor([0.0, -0.0]), **hyperparameters.get(name, {}))
     assert torch.all(value == 0)
     assert torch.all(torch.isfinite(derivative))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_plain_cross_entropy_of_small_cpu_logits_is_pytorchs_kernel_bit_for_bit(reduction):
+    # the quick path: no weight, no smoothing, float32 [N, C] CPU logits, int64 targets
+    x, t, _ = inputs()
+    z, zq = x.clone().requires_grad_(), x.clone().requires_grad_()
+    quick = _core.quick_cross_entropy(zq, t, -100, reduction, 0.0, True)
+    assert quick is not None
+    loss = LF.cross_entropy(z, t, reduction=reduction)
+    expected = torch.nn.functional.cross_entropy(x.double(), t, reduction=reduction)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-7)
+    reference = torch.nn.functional.cross_entropy(x, t, reduction=reduction)
+    assert torch.equal(loss, reference)
+    assert torch.equal(quick, reference)
+    loss.sum().backward()
+    quick.sum().backward()
+    assert torch.equal(z.grad, zq.grad)
+
+
+def _quick(x, t, *, ignore_index=-100, reduction="mean", smoothing=0.0, validate_args=True):
+    return _core.quick_cross_entropy(x, t, ignore_index, reduction, smoothing, validate_args)
+
+
+def test_the_quick_cross_entropy_leaves_every_other_case_to_the_general_path():
+    x, t, _ = inputs()
+    assert _quick(x, t) is not None
+    bad = x.clone()
+    bad[0, 1] = -math.inf  # finite loss, non-finite logits: the general path names them
+    assert torch.isfinite(torch.nn.functional.cross_entropy(bad, t.clamp_min(0) * 0))
+    others = {
+        "bfloat16 logits": _quick(x.bfloat16(), t),
+        "int32 targets": _quick(x, t.int()),
+        "[N, C, 1] logits": _quick(x[..., None], t[:, None]),
+        "smoothing": _quick(x, t, smoothing=0.1),
+        "int smoothing": _quick(x, t, smoothing=0),
+        "a reduction of its own": _quick(x, t, reduction="avg"),
+        "a target out of range": _quick(x, torch.full_like(t, C)),
+        "a wrong target shape": _quick(x, t[:-1]),
+        "-inf logits": _quick(bad, t),
+        "NaN logits": _quick(torch.full_like(x, math.nan), t),
+        "a mean of nothing": _quick(x, torch.full_like(t, -100)),
+        "a mean of nothing, unchecked": _quick(x, torch.full_like(t, -100), validate_args=False),
+    }
+    assert {name: value for name, value in others.items() if value is not None} == {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _quick(x, t) is None
+    with pytest.raises(ValueError, match=r"logits must be finite"):
+        LF.cross_entropy(bad, t)
