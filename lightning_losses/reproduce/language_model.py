@@ -14,7 +14,12 @@ A variant of an experiment file with ``program: lm`` is fitted by
 - greedy and sampled continuations of :data:`PROMPTS` held-out prompts and their repetition
   rates (seq-rep-2 and seq-rep-4 of Welleck et al., "Neural text generation with unlikelihood
   training", ICLR 2020), stored as an artifact, so that :func:`reference_metrics` can score
-  them under another run's model (claim 9: cross-entropy's, of the same seed).
+  them under another run's model (claim 9: the cross-entropy run of the same model and seed).
+
+The runs may be of any next-token model the ``lm`` program fits: the package's
+:class:`~lightning_losses.lm.TinyLanguageModel` or a Hugging Face model in
+:class:`~lightning_losses.integrations.huggingface.HFCausalLM` (both have ``logits`` and
+``context_length``), with its DataModule's own tokenizer.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ LOW_PROBABILITY = 1e-3
 CONTINUATIONS_ARTIFACT = "reproduce/continuations.json"
 #: How each continuation is decoded.
 DECODINGS = ("greedy", "sampled")
+
+
+def low_probability_key(reference: str, decoding: str) -> str:
+    """The post-fit metric of the share of a run's ``decoding`` tokens unlikely under ``reference``.
+
+    Named by the reference variant, so that shares under different models (claim 9: one
+    cross-entropy reference per model and tokenizer) are never mixed in one column.
+
+    Example:
+        >>> low_probability_key("hf_ce", "sampled")
+        'hf_ce_lowprob_sampled'
+    """
+    return f"{reference}_lowprob_{decoding}"
 
 
 def run_fit(args: list[str]) -> Any:
@@ -111,12 +129,16 @@ def post_fit_metrics(
     return metrics, artifacts, {}
 
 
-def reference_metrics(reference: Any, texts: dict[str, list[list[int]]]) -> dict[str, float]:
+def reference_metrics(
+    reference: Any, texts: dict[str, list[list[int]]], name: str
+) -> dict[str, float]:
     """The share of each decoding's continuation tokens that ``reference`` finds unlikely.
 
-    ``lowprob_<decoding>``: the fraction of the continuation tokens to which the reference
-    model gives a probability below :data:`LOW_PROBABILITY`, given the prompt and the earlier
-    continuation tokens (:func:`~lightning_losses.lm.evaluation.continuation_probabilities`).
+    ``<name>_lowprob_<decoding>`` (:func:`low_probability_key`, ``name`` the reference's
+    variant): the fraction of the continuation tokens to which the reference model gives a
+    probability below :data:`LOW_PROBABILITY`, given the prompt and the earlier continuation
+    tokens (:func:`~lightning_losses.lm.evaluation.continuation_probabilities`). The texts
+    must be token ids of the reference's own tokenizer.
     """
     import torch
 
@@ -124,7 +146,7 @@ def reference_metrics(reference: Any, texts: dict[str, list[list[int]]]) -> dict
 
     prompts = torch.tensor(texts["prompts"])
     return {
-        f"lowprob_{decoding}": low_probability_share(
+        low_probability_key(name, decoding): low_probability_share(
             continuation_probabilities(reference, prompts, torch.tensor(texts[decoding])),
             LOW_PROBABILITY,
         )

@@ -261,7 +261,29 @@ CRITERIA = {
     "lm_tailr": {"loss": "gamma_ce", "gamma": 1e-7, "threshold": 0.2},
     "lm_focal": {"loss": "focal", "gamma": 3.0},
     "lm_label_smoothing": {"loss": "ce", "label_smoothing": 0.1},
+    "hf_llama_tiny_ce": {"loss": "ce"},
+    "hf_llama_tiny_tailr": {"loss": "gamma_ce", "gamma": 1e-7, "threshold": 0.2},
+    "hf_llama_tiny_focal": {"loss": "focal", "gamma": 3.0},
 }
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in CONFIGS.glob("hf_llama_tiny_*.yaml")))
+@pytest.mark.slow
+def test_claim9_llama_configs_parse_as_their_headers_say(name, tmp_path, monkeypatch):
+    """Claim 9's Llama arms: claim 9's width and the criterion their header names."""
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIGHTNING_LOSSES_CACHE", str(tmp_path / "cache"))
+    small = "--data.init_args.max_vocab_size=300"  # a quick tokenizer: the criterion is checked
+    cli = main(["--config", str(CONFIGS / f"{name}.yaml"), small], run=False)
+    config = cli.model.model.config
+    assert type(cli.model.model).__name__ == "LlamaForCausalLM"
+    assert (config.hidden_size, config.num_hidden_layers) == (128, 2)  # lm_*'s d_model, n_layers
+    assert config.vocab_size == cli.datamodule.vocab_size
+    expected = dict(CRITERIA[name])
+    assert cli.model.criterion.loss == expected.pop("loss")
+    for key, value in expected.items():
+        assert getattr(cli.model.criterion, key) == value, key
 
 
 @pytest.mark.slow
