@@ -9,8 +9,10 @@ N(0, 1))``, labels drawn from the calibrated ``softmax(3 onehot(k) + N(0, 1))``)
   deterministic); TorchCP is loaded from its files as in the tests (its package ``__init__``
   imports torchsort and torchvision; where TorchCP is absent its columns are empty);
 - sets: ``prediction_sets`` against TorchCP's all-label scores ``<= q``;
-- the test loop of a small model (the MNIST-1D CNN, 100 classes, batch 1,000) with and without
-  ``ConformalPrediction`` (four scores, two levels), on as many test samples as ``--loop-rows``.
+- the test loop of a small model (the MNIST-1D CNN, batch 1,000) with and without
+  ``ConformalPrediction`` (four scores, two levels), on as many test samples as ``--loop-rows``
+  of random inputs, for each number of classes of ``--loop-classes`` (10, the shipped
+  ``mnist1d_ce_conformal`` config's, and 100).
 
 Times are wall seconds, the median of ``--repeats``, ours and TorchCP's interleaved; every
 ratio is to a time of the same run. Run on a quiet machine and quote ``uptime`` beside figures.
@@ -124,8 +126,8 @@ def scores_table(rows: int, repeats: int) -> list[str]:
     return lines
 
 
-def loop_table(rows: int, repeats: int) -> list[str]:
-    """The Markdown table of the test loop with and without the callback."""
+def loop_table(rows: int, repeats: int, classes: int = 100) -> list[str]:
+    """The Markdown table of the test loop with and without the callback (``classes`` labels)."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -135,7 +137,7 @@ def loop_table(rows: int, repeats: int) -> list[str]:
     class Model(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(CNN1D(channels=25), torch.nn.LazyLinear(100))
+            self.net = torch.nn.Sequential(CNN1D(channels=25), torch.nn.LazyLinear(classes))
 
         def forward(self, x):
             return self.net(x)
@@ -149,7 +151,7 @@ def loop_table(rows: int, repeats: int) -> list[str]:
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(rows, 1, 40, generator=g)
-    y = torch.randint(0, 100, (rows,), generator=g)
+    y = torch.randint(0, classes, (rows,), generator=g)
     loader = DataLoader(TensorDataset(x, y), batch_size=1000)
     model = Model()
     model(x[:2])
@@ -179,7 +181,7 @@ def loop_table(rows: int, repeats: int) -> list[str]:
     return [
         "| test loop | without (s) | with ConformalPrediction (s) | ratio | pairs' ratios |",
         "|---|---|---|---|---|",
-        f"| {rows:,} samples, CNN1D, 100 classes | {without:.3f} | {with_callback:.3f} | "
+        f"| {rows:,} samples, CNN1D, {classes} classes | {without:.3f} | {with_callback:.3f} | "
         f"{with_callback / without:.2f}x | {ratios[0]:.2f}-{ratios[-1]:.2f}x |",
     ]
 
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop-rows", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--loop-classes", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--loop-only", action="store_true", help="only the test loop's table")
     args = parser.parse_args(argv)
     silence_libraries()  # Lightning's device lines and tips stay out of the tables
@@ -200,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n[{args.rows:,}, 100] float32 probabilities, alpha 0.1\n")
         print("\n".join(scores_table(args.rows, args.repeats)))
         print()
-    print("\n".join(loop_table(args.loop_rows, args.repeats)))
+    for k, classes in enumerate(args.loop_classes):
+        lines = loop_table(args.loop_rows, args.repeats, classes)
+        print("\n".join(lines if k == 0 else lines[2:]))
 
 
 if __name__ == "__main__":

@@ -337,15 +337,17 @@ class ConformalPrediction(Callback):
         logits, target, positions = gathered
         probs = self._probs(logits)
         report = {}
-        # every label's score once per method (one sort for all); each level's sets a comparison
-        all_scores = CP.all_label_scores_by_method(
-            probs, list(self.thresholds), **self._scores_options(positions, 2)
+        # each method's sets at each level as sums (one sort for every method, no [N, C] sets)
+        levels = {method: q.tolist() for method, q in self.thresholds.items()}
+        statistics = CP.set_statistics_by_method(
+            probs,
+            target,
+            levels,
+            ignore_index=self.ignore_index,
+            **self._scores_options(positions, 2),
         )
-        for method, q in self.thresholds.items():
-            scores = all_scores[method]
-            for a, threshold in zip(self.alpha, q.tolist(), strict=True):
-                sets = scores <= threshold
-                stats = CP.set_statistics(sets, target, ignore_index=self.ignore_index)
+        for method in self.thresholds:
+            for a, stats in zip(self.alpha, statistics[method], strict=True):
                 key = f"test/conformal_{method}_{a:g}"
                 report[f"{key}_coverage"] = CP.coverage(stats)
                 report[f"{key}_size"] = CP.mean_set_size(stats)

@@ -28,6 +28,7 @@ from lightning_losses.calibration.conformal.measures import (
     empty_rate,
     mean_set_size,
     set_statistics,
+    set_statistics_by_method,
     singleton_rate,
     size_stratified_coverage_violation,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "mean_set_size",
     "prediction_sets",
     "set_statistics",
+    "set_statistics_by_method",
     "singleton_rate",
     "size_stratified_coverage_violation",
 ]

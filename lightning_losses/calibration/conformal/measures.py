@@ -8,13 +8,20 @@ and processes, so the :class:`~.metrics.PredictionSetMetrics` built on them is e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from lightning_losses.calibration.conformal._inputs import rows_and_target
+from lightning_losses.calibration.conformal._inputs import METHODS, class_last, rows_and_target
+from lightning_losses.calibration.conformal.scores import (
+    check_score_hyperparameters,
+    draw_uniform,
+    ranked_rows,
+    sorted_order_scores,
+)
+from lightning_losses.functional.checks import check_choice, check_probabilities
 
 __all__ = [
     "DEFAULT_STRATA",
@@ -24,6 +31,7 @@ __all__ = [
     "empty_rate",
     "mean_set_size",
     "set_statistics",
+    "set_statistics_by_method",
     "singleton_rate",
     "size_stratified_coverage_violation",
 ]
@@ -61,15 +69,94 @@ def set_statistics(
     if not isinstance(sets, Tensor) or sets.dtype != torch.bool or sets.dim() < 2:
         raise TypeError("sets must be a boolean tensor [N, C] or [N, C, *] (class dimension 1)")
     rows, labels = rows_and_target(sets, target, ignore_index=ignore_index, name="sets")
-    c = sets.shape[1]
-    covered = rows.gather(1, labels[:, None])[:, 0].double()
-    size = rows.sum(1)
+    covered = rows.gather(1, labels[:, None])[:, 0]
+    return _sums(covered, rows.sum(1), labels, sets.shape[1])
+
+
+def _sums(covered: Tensor, size: Tensor, labels: Tensor, classes: int) -> SetStatistics:
+    """:class:`SetStatistics` of ``[M]`` sets: whether each holds its label, its size, the label."""
+    weights = covered.double()
     return SetStatistics(
-        class_count=torch.bincount(labels, minlength=c).double(),
-        class_covered=torch.bincount(labels, weights=covered, minlength=c).double(),
-        size_count=torch.bincount(size, minlength=c + 1).double(),
-        size_covered=torch.bincount(size, weights=covered, minlength=c + 1).double(),
+        class_count=torch.bincount(labels, minlength=classes).double(),
+        class_covered=torch.bincount(labels, weights=weights, minlength=classes).double(),
+        size_count=torch.bincount(size, minlength=classes + 1).double(),
+        size_covered=torch.bincount(size, weights=weights, minlength=classes + 1).double(),
     )
+
+
+def _sizes(scores: Tensor, q: float, increasing: bool) -> Tensor:
+    """``[M]`` counts of ``scores <= q`` per row; by binary search where rows are sorted."""
+    if not increasing:
+        return (scores <= q).sum(1)
+    level = torch.full((scores.shape[0], 1), q, dtype=scores.dtype, device=scores.device)
+    return torch.searchsorted(scores, level, right=True)[:, 0]
+
+
+def set_statistics_by_method(
+    probs: Tensor,
+    target: Tensor,
+    thresholds: Mapping[str, Sequence[float]],
+    *,
+    randomized: bool = True,
+    generator: torch.Generator | None = None,
+    noise: Tensor | None = None,
+    k_reg: int = 1,
+    lam: float = 0.01,
+    weight: float = 0.2,
+    ignore_index: int | None = None,
+) -> dict[str, list[SetStatistics]]:
+    """:func:`set_statistics` of each method's sets at each of its thresholds, sets unbuilt.
+
+    ``thresholds`` maps a method to its thresholds ``q``; entry ``k`` of a method's list equals
+    ``set_statistics(all_label_scores_by_method(probs, methods, ...)[method] <= q[k], target)``
+    with the same draws ``U`` (one per row of ``probs``, ignored rows included), bit for bit.
+    The scores are the same numbers, kept in the rank order in which they are computed: the
+    values are sorted once for every method (:func:`~.scores.ranked_rows`) and nothing is
+    scattered back to label order. Per threshold a set is its size and whether it holds the
+    label (the true label's score ``<= q``); where every row's scores are non-decreasing in
+    rank order (checked per method; every score here is in exact arithmetic) the size is a
+    binary search, else a count. What :class:`~lightning_losses.callbacks.ConformalPrediction`
+    measures at ``test``.
+
+    Example:
+        >>> probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+        >>> s = set_statistics_by_method(probs, torch.tensor([1, 2]), {"aps": [0.85]},
+        ...                              randomized=False)
+        >>> s["aps"][0].size_count, s["aps"][0].class_covered
+        (tensor([0., 1., 1., 0.], dtype=torch.float64), tensor([0., 1., 0.], dtype=torch.float64))
+    """
+    check_probabilities(probs)
+    for method in thresholds:
+        check_choice("method", method, METHODS)
+    check_score_hyperparameters(k_reg, lam, weight)
+    every_row = class_last(probs)
+    u = draw_uniform(
+        every_row.shape[0], like=every_row, randomized=randomized, generator=generator, noise=noise
+    )
+    rows, labels = rows_and_target(probs, target, ignore_index=ignore_index)
+    if ignore_index is not None:
+        u = u[(target != ignore_index).reshape(-1)]
+    sorting = any(method != "lac" for method in thresholds)
+    ordered, rank = ranked_rows(rows, labels) if sorting else (None, None)
+    found: dict[str, list[SetStatistics]] = {}
+    for method, levels in thresholds.items():
+        if ordered is None or rank is None:  # LAC alone: its scores in label order
+            scores = 1.0 - rows
+            true_score = scores.gather(1, labels[:, None])[:, 0]
+        else:  # in rank order: LAC's 1 - p too, the same numbers
+            if method == "lac":
+                scores = 1.0 - ordered
+            else:
+                scores = sorted_order_scores(
+                    ordered, u, method=method, k_reg=k_reg, lam=lam, weight=weight
+                )
+            true_score = scores.gather(1, rank)[:, 0]
+        increasing = ordered is not None and bool((scores[:, 1:] >= scores[:, :-1]).all())
+        found[method] = [
+            _sums(true_score <= q, _sizes(scores, q, increasing), labels, probs.shape[1])
+            for q in levels
+        ]
+    return found
 
 
 def _stats(

@@ -18,6 +18,8 @@ from lightning_losses.calibration.conformal import (
     empty_rate,
     mean_set_size,
     prediction_sets,
+    set_statistics,
+    set_statistics_by_method,
     singleton_rate,
     size_stratified_coverage_violation,
 )
@@ -183,3 +185,34 @@ def test_scores_by_method_equal_each_methods_scores_bit_for_bit(shape) -> None:
         assert torch.equal(together[method], alone), method
     with pytest.raises(ValueError, match="method must be one of"):
         all_label_scores_by_method(probs, ["aps", "thr"])
+
+
+@pytest.mark.parametrize("shape", [(64, 7), (8, 5, 3, 2)])
+@pytest.mark.parametrize("randomized", [True, False])
+def test_statistics_by_method_equal_those_of_the_sets_bit_for_bit(shape, randomized) -> None:
+    g = torch.Generator().manual_seed(5)
+    probs = torch.randn(shape, generator=g).mul(2).softmax(1)
+    probs[0, :2] = probs[0, :2].mean()  # a tie: the stable sort's order decides
+    target = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=g)
+    target.view(-1)[::5] = -1  # ignored positions, whose draws are skipped, not shifted
+    rows = probs.numel() // probs.shape[1]
+    noise = torch.rand(rows, generator=g) if randomized else torch.zeros(rows)
+    methods = ["saps", "lac", "aps", "top_k", "raps"]
+    options = {"k_reg": 2, "lam": 0.05, "weight": 0.3}
+    scores = all_label_scores_by_method(probs, methods, noise=noise, **options)
+    # levels between the scores and at scores themselves (a set holds a label at its score)
+    levels = {m: [*scores[m].flatten()[[3, 17]].tolist(), 0.9, 2.5] for m in methods}
+    found = set_statistics_by_method(probs, target, levels, noise=noise, ignore_index=-1, **options)
+    assert list(found) == methods
+    for method in methods:
+        for q, statistics in zip(levels[method], found[method], strict=True):
+            expected = set_statistics(scores[method] <= q, target, ignore_index=-1)
+            for name, value in expected._asdict().items():
+                assert torch.equal(getattr(statistics, name), value), (method, q, name)
+    assert found["lac"][2].size_count.sum() == (target != -1).sum()
+    # LAC alone needs no sort: its sets are counted in label order, the same sums
+    alone = set_statistics_by_method(probs, target, {"lac": levels["lac"]}, ignore_index=-1)
+    for mine, theirs in zip(alone["lac"], found["lac"], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    with pytest.raises(ValueError, match="method must be one of"):
+        set_statistics_by_method(probs, target, {"thr": [0.5]})
