@@ -1,12 +1,14 @@
 """The claims that ``lightning-losses reproduce`` tests, each with its verdict rule.
 
-The runs of claims 2-9 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
+The runs of claims 2-10 are the variants of ``configs/experiments/claim-<n>-<slug>.yaml``: a
 shipped config plus overrides each. On digits (claims 2-6) every trained variant uses the same
 MLP (128, 64), Adam (lr 0.003), batch 64, the same seeds and the same number of epochs within a
 claim (the ``*_long`` arms excepted, whose extra epochs are what they test); on MNIST-1D
 (claims 7-8) the recipe of the shipped ``configs/mnist1d_*.yaml``; on the language model
-(claim 9, :mod:`~lightning_losses.reproduce.lm_claim`) that of ``configs/lm/lm_*.yaml``. Each
-loss keeps the hyper-parameters of its shipped config, with no per-loss tuning.
+(claim 9, :mod:`~lightning_losses.reproduce.lm_claim`) that of ``configs/lm/lm_*.yaml``. Claim
+10 (:mod:`~lightning_losses.reproduce.conformal_claim`) scores the prediction sets of claim 8's
+runs, trained for nothing else. Each loss keeps the hyper-parameters of its shipped config,
+with no per-loss tuning.
 
 Every comparison over seeds is decided by :func:`~lightning_losses.compare.decide.decide`
 (see :mod:`~lightning_losses.reproduce.spec`): a claimed difference (``<``, ``>``) must show
@@ -17,6 +19,7 @@ one-sided tests.
 
 from __future__ import annotations
 
+from lightning_losses.reproduce.conformal_claim import CLAIM_10
 from lightning_losses.reproduce.lm_claim import CLAIM_9
 from lightning_losses.reproduce.spec import (
     EQUIVALENT,
@@ -853,5 +856,16 @@ CLAIM_8 = Claim(
 
 CLAIMS: dict[int, Claim] = {
     c.number: c
-    for c in (CLAIM_1, CLAIM_2, CLAIM_3, CLAIM_4, CLAIM_5, CLAIM_6, CLAIM_7, CLAIM_8, CLAIM_9)
+    for c in (
+        CLAIM_1,
+        CLAIM_2,
+        CLAIM_3,
+        CLAIM_4,
+        CLAIM_5,
+        CLAIM_6,
+        CLAIM_7,
+        CLAIM_8,
+        CLAIM_9,
+        CLAIM_10,
+    )
 }
