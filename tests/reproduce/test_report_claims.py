@@ -264,3 +264,66 @@ def test_the_llama_verdicts_cited_are_the_recomputed_ones(claim9_models):
         arms[("hf_focal_3", "rep/test_ece")] - arms[("hf_ce", "rep/test_ece")], margin=0.0
     )
     assert (round(focal.low, 4), round(focal.high, 4)) == (-0.0419, -0.0306)
+
+
+# --- claim 10: prediction sets (README, docs/reproduce.md, docs/prediction_sets.md) -------------
+
+CLAIM10 = REPORT.parent / "claim10" / "REPORT.md"
+
+
+@pytest.fixture(scope="module")
+def claim10():
+    return appendix(10, CLAIM10)
+
+
+@pytest.mark.parametrize(
+    ("variant", "metric", "cited"),
+    [
+        ("ce", "rep/conf_lac_coverage", 0.9102),
+        ("ce", "rep/conf_aps_coverage", 0.9006),
+        ("ce", "rep/conf_raps_coverage", 0.9002),
+        ("ce", "rep/conf_saps_coverage", 0.9019),
+        ("ce", "rep/conf_lac_size", 0.9547),
+        ("ce", "rep/conf_aps_size", 0.992),
+        ("ce", "rep/conf_raps_size", 0.9887),
+        ("ce", "rep/conf_saps_size", 1.0032),
+        ("ce", "rep/conf_ts_lac_size", 0.9566),
+        ("ce", "rep/conf_ts_aps_size", 1.1126),
+        ("ce", "rep/conf_ts_raps_size", 1.099),
+        ("ce", "rep/conf_ts_saps_size", 1.1186),
+        ("focal_3", "rep/conf_lac_size", 0.9737),
+        ("focal_3", "rep/conf_aps_size", 1.0838),
+        ("flsd_53", "rep/conf_lac_size", 0.9749),
+        ("flsd_53", "rep/conf_aps_size", 1.0862),
+        ("label_smoothing", "rep/conf_lac_size", 0.9282),
+        ("label_smoothing", "rep/conf_aps_size", 1.3368),
+        ("label_smoothing", "rep/conf_aps_coverage", 0.8954),
+        ("mbls", "rep/conf_lac_size", 0.923),
+        ("mbls", "rep/conf_aps_size", 1.0966),
+        ("mbls", "rep/conf_saps_size", 1.0703),
+        ("ce", "rep/test_acc", 0.9347),
+        ("ce", "rep/test_ece", 0.0505),
+    ],
+)
+def test_cited_prediction_set_means_are_the_appendix_means(claim10, variant, metric, cited):
+    values = claim10[(variant, metric)]
+    assert len(values) == 10
+    digits = len(str(cited).split(".")[1])
+    assert round(float(values.mean()), digits) == pytest.approx(cited)
+
+
+def test_claim_10_s_cited_verdicts_are_the_recomputed_ones(claim10, claim8):
+    """(a) holds for every score, RAPS < APS holds, SAPS < RAPS fails; MbLS repeats claim 8."""
+    for score in ("lac", "aps", "raps", "saps"):
+        coverage = claim10[("ce", f"rep/conf_{score}_coverage")] - 0.9
+        assert decide(coverage, margin=0.02, level=0.90).verdict == "equivalent", score
+    size = {s: claim10[("ce", f"rep/conf_{s}_size")] for s in ("aps", "raps", "saps")}
+    raps = decide(size["raps"] - size["aps"], margin=0.0, higher_is_better=False)
+    assert raps.verdict == "better"
+    assert (round(raps.low, 4), round(raps.high, 4)) == (-0.0042, -0.0025)
+    saps = decide(size["saps"] - size["raps"], margin=0.0, higher_is_better=False)
+    assert saps.verdict == "worse"
+    assert (round(saps.low, 4), round(saps.high, 4)) == (0.0123, 0.0166)
+    # claim 8's arms trained again: MbLS to the bit, CE not
+    assert np.array_equal(claim10[("mbls", "rep/test_acc")], claim8[("mbls", "rep/test_acc")])
+    assert not np.array_equal(claim10[("ce", "rep/test_acc")], claim8[("ce", "rep/test_acc")])
