@@ -414,10 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     names = ["full", "plain", *[n for n in args.variants if n not in ("full", "plain")]]
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "mlflow"):
-        import logging
+    from lightning_losses.cli.quiet import silence_libraries
 
-        logging.getLogger(name).setLevel(logging.ERROR)
+    silence_libraries()  # MLflow's store-creation lines too (its level is read at its import)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     load = os.getloadavg()
