@@ -118,6 +118,13 @@ ALLOWED: dict[str, set[str]] = {
         "check_chunk_size",
     },
     "lightning_losses/functional/multilabel.py": {"check_nm"},
+    # The conformal scores' hyper-parameters (RAPS's k_reg and lam, SAPS's weight), shared by
+    # every function that scores (true labels, all labels, set statistics), composed from the
+    # checks module's check_int and check_real.
+    "lightning_losses/calibration/conformal/scores.py": {"check_score_hyperparameters"},
+    # Claim 9's rule that a run's text is scored only under a model of the same tokenizer: a
+    # check of two runs' data settings, not of an argument's value.
+    "lightning_losses/reproduce/reference_scores.py": {"check_same_tokenizer"},
     # A Hugging Face model's head must compute plain hidden @ weight.T + bias logits (no
     # soft-capping or scaling in its config): a check of the model, not of an argument's value.
     "lightning_losses/integrations/huggingface/loss.py": {"check_plain_head"},
