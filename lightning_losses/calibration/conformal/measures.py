@@ -14,14 +14,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_losses.calibration.conformal._inputs import METHODS, class_last, rows_and_target
+from lightning_losses.calibration.conformal._inputs import rows_and_target
 from lightning_losses.calibration.conformal.scores import (
-    check_score_hyperparameters,
-    draw_uniform,
+    checked_rows_and_draws,
     ranked_rows,
     sorted_order_scores,
 )
-from lightning_losses.functional.checks import check_choice, check_probabilities
 
 __all__ = [
     "DEFAULT_STRATA",
@@ -125,13 +123,15 @@ def set_statistics_by_method(
         >>> s["aps"][0].size_count, s["aps"][0].class_covered
         (tensor([0., 1., 1., 0.], dtype=torch.float64), tensor([0., 1., 0.], dtype=torch.float64))
     """
-    check_probabilities(probs)
-    for method in thresholds:
-        check_choice("method", method, METHODS)
-    check_score_hyperparameters(k_reg, lam, weight)
-    every_row = class_last(probs)
-    u = draw_uniform(
-        every_row.shape[0], like=every_row, randomized=randomized, generator=generator, noise=noise
+    _, u = checked_rows_and_draws(
+        probs,
+        thresholds,
+        randomized=randomized,
+        generator=generator,
+        noise=noise,
+        k_reg=k_reg,
+        lam=lam,
+        weight=weight,
     )
     rows, labels = rows_and_target(probs, target, ignore_index=ignore_index)
     if ignore_index is not None:

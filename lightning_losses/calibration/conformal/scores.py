@@ -20,7 +20,7 @@ in the threshold.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "all_label_scores",
     "all_label_scores_by_method",
     "check_score_hyperparameters",
+    "checked_rows_and_draws",
     "class_scores",
     "conformal_scores",
     "draw_uniform",
@@ -317,6 +318,41 @@ def all_label_scores(
     )[str(method)]
 
 
+def checked_rows_and_draws(
+    probs: Tensor,
+    methods: Iterable[str],
+    *,
+    randomized: bool,
+    generator: torch.Generator | None,
+    noise: Tensor | None,
+    k_reg: int,
+    lam: float,
+    weight: float,
+) -> tuple[Tensor, Tensor]:
+    """Check the arguments of scoring several methods; every position's row and draw ``U``.
+
+    ``probs`` must be probabilities, each method a known one and the hyper-parameters in range;
+    returns :func:`~._inputs.class_last` of ``probs`` (``[M, C]``, every position, ignored ones
+    included) and the ``[M]`` draws of :func:`draw_uniform`, one per row in that order.
+
+    Example:
+        >>> rows, u = checked_rows_and_draws(torch.tensor([[0.5, 0.5]]), ["aps"], randomized=False,
+        ...                                  generator=None, noise=None, k_reg=1, lam=0.0,
+        ...                                  weight=0.2)
+        >>> rows.shape, u
+        (torch.Size([1, 2]), tensor([0.]))
+    """
+    check_probabilities(probs)
+    for method in methods:
+        check_choice("method", method, METHODS)
+    check_score_hyperparameters(k_reg, lam, weight)
+    rows = class_last(probs)
+    u = draw_uniform(
+        rows.shape[0], like=rows, randomized=randomized, generator=generator, noise=noise
+    )
+    return rows, u
+
+
 def all_label_scores_by_method(
     probs: Tensor,
     methods: Sequence[str],
@@ -340,13 +376,15 @@ def all_label_scores_by_method(
         >>> scores["aps"], scores["lac"]
         (tensor([[0.5000, 0.8000, 1.0000]]), tensor([[0.5000, 0.7000, 0.8000]]))
     """
-    check_probabilities(probs)
-    for method in methods:
-        check_choice("method", method, METHODS)
-    check_score_hyperparameters(k_reg, lam, weight)
-    rows = class_last(probs)
-    u = draw_uniform(
-        rows.shape[0], like=rows, randomized=randomized, generator=generator, noise=noise
+    rows, u = checked_rows_and_draws(
+        probs,
+        methods,
+        randomized=randomized,
+        generator=generator,
+        noise=noise,
+        k_reg=k_reg,
+        lam=lam,
+        weight=weight,
     )
     sorted_rows = None
     found: dict[str, Tensor] = {}
