@@ -78,6 +78,11 @@ def test_mean_coverage_lies_in_the_finite_sample_interval(method: str, randomize
         assert mean[0] > 1 - ALPHAS[0] + 1 / (N_CAL + 1)
 
 
+def within_guarantee(mean: float, se: float, alpha: float, n: int) -> bool:
+    """Mean coverage in ``[1 - alpha, 1 - alpha + 1 / (n + 1)]`` within three standard errors."""
+    return 1 - alpha - 3 * se <= mean <= 1 - alpha + 1 / (n + 1) + 3 * se
+
+
 def test_class_conditional_coverage_per_class() -> None:
     """Mondrian thresholds: every class's coverage is in its own interval (stratified splits)."""
     probs, labels, u = pool(seed=2)
@@ -107,14 +112,22 @@ def test_class_conditional_coverage_per_class() -> None:
             one_too_low[t, c] = (scores[m[p[t, n:]]] <= cal[k - 2]).double().mean()
     mean, se = covered.mean(0), covered.std(0) / math.sqrt(trials)
     low_mean, low_se = one_too_low.mean(0), one_too_low.std(0) / math.sqrt(trials)
+    rejected = 0
     for c in range(CLASSES):
         n = n_cal[c]
         k = math.ceil((n + 1) * (1 - alpha) - 1e-9)
-        assert 1 - alpha - 3 * se[c] <= mean[c] <= 1 - alpha + 1 / (n + 1) + 3 * se[c], (c, n)
+        assert within_guarantee(mean[c], se[c], alpha, n), (c, n)
         assert abs(mean[c] - k / (n + 1)) <= 3 * se[c], (c, n)  # the exact expectation
+        # The guarantee's check rejects a threshold one order statistic too low wherever that
+        # threshold's expected coverage, (k - 1) / (n + 1), lies more than six standard errors
+        # below 1 - alpha (how far depends on n: 0.8 to 9 standard errors for n of 95 to 114).
+        if (1 - alpha) - (k - 1) / (n + 1) > 6 * low_se[c]:
+            assert not within_guarantee(low_mean[c], low_se[c], alpha, n), (c, n)
+            rejected += 1
         # The check has power: one order statistic lower, the simulation finds that threshold's
         # own expectation (k - 1) / (n + 1), below 1 - alpha and 1 / (n + 1) (8-9 standard
         # errors here) away from the one asserted above.
         assert abs(low_mean[c] - (k - 1) / (n + 1)) <= 3 * low_se[c], (c, n)
         assert low_mean[c] < 1 - alpha
         assert abs(low_mean[c] - k / (n + 1)) > 3 * se[c], (c, n, float(low_mean[c]))
+    assert rejected >= 2, rejected  # the check has power on these class sizes
