@@ -16,8 +16,8 @@ from torch import Tensor
 
 from lightning_losses.calibration.conformal._inputs import rows_and_target
 from lightning_losses.calibration.conformal.scores import (
-    checked_rows_and_draws,
     ranked_rows,
+    score_rows_and_draws,
     sorted_order_scores,
 )
 
@@ -123,7 +123,7 @@ def set_statistics_by_method(
         >>> s["aps"][0].size_count, s["aps"][0].class_covered
         (tensor([0., 1., 1., 0.], dtype=torch.float64), tensor([0., 1., 0.], dtype=torch.float64))
     """
-    _, u = checked_rows_and_draws(
+    _, u = score_rows_and_draws(
         probs,
         thresholds,
         randomized=randomized,

@@ -44,12 +44,12 @@ __all__ = [
     "all_label_scores",
     "all_label_scores_by_method",
     "check_score_hyperparameters",
-    "checked_rows_and_draws",
     "class_scores",
     "conformal_scores",
     "draw_uniform",
     "ranked_rows",
     "row_scores",
+    "score_rows_and_draws",
     "sorted_order_scores",
 ]
 
@@ -318,7 +318,7 @@ def all_label_scores(
     )[str(method)]
 
 
-def checked_rows_and_draws(
+def score_rows_and_draws(
     probs: Tensor,
     methods: Iterable[str],
     *,
@@ -336,7 +336,7 @@ def checked_rows_and_draws(
     included) and the ``[M]`` draws of :func:`draw_uniform`, one per row in that order.
 
     Example:
-        >>> rows, u = checked_rows_and_draws(torch.tensor([[0.5, 0.5]]), ["aps"], randomized=False,
+        >>> rows, u = score_rows_and_draws(torch.tensor([[0.5, 0.5]]), ["aps"], randomized=False,
         ...                                  generator=None, noise=None, k_reg=1, lam=0.0,
         ...                                  weight=0.2)
         >>> rows.shape, u
@@ -376,7 +376,7 @@ def all_label_scores_by_method(
         >>> scores["aps"], scores["lac"]
         (tensor([[0.5000, 0.8000, 1.0000]]), tensor([[0.5000, 0.7000, 0.8000]]))
     """
-    rows, u = checked_rows_and_draws(
+    rows, u = score_rows_and_draws(
         probs,
         methods,
         randomized=randomized,
