@@ -55,8 +55,10 @@ class ConformalPrediction(Callback):
     (:func:`~lightning_losses.calibration.conformal.conformal_threshold`); a test sample's set
     ``{y : s(x, y) <= q}`` then holds its label with probability at least ``1 - alpha`` when it
     is exchangeable with them. Logged each fit: ``conformal/n`` and
-    ``conformal/q_<method>_<alpha>``. ``test`` logs ``test/conformal_<method>_<alpha>_<measure>``
-    for ``coverage``, ``size``, ``empty``, ``singleton``, ``sscv`` and ``coverage_gap``.
+    ``conformal/q_<method>_<alpha>``. ``test`` measures ``coverage``, ``size``, ``empty``,
+    ``singleton``, ``sscv`` and ``coverage_gap`` of every score and level (all in
+    :attr:`test_report`) and logs those of ``measures`` as
+    ``test/conformal_<method>_<alpha>_<measure>``.
     ``predict`` returns ``{"probs": [N, C], "sets": {"<method>_<alpha>": [N, C] bool}}``.
 
     Args:
@@ -70,6 +72,10 @@ class ConformalPrediction(Callback):
         lam: RAPS's penalty per rank.
         weight: SAPS's weight per rank.
         ignore_index: targets to skip.
+        measures: the measures logged through Lightning, among
+            :data:`~lightning_losses.calibration.conformal.MEASURES` (all six by default; each
+            logged key costs Lightning about half a millisecond at the test's end). Those not
+            named are still in :attr:`test_report`.
         outputs: how to read logits and targets from the step outputs (as the other callbacks).
 
     Example:
@@ -89,9 +95,16 @@ class ConformalPrediction(Callback):
         lam: float = 0.01,
         weight: float = 0.2,
         ignore_index: int | None = None,
+        measures: Sequence[str] = CP.MEASURES,
         outputs: OutputsSpec = None,
     ) -> None:
         self.alpha, _ = check_levels(alpha)
+        if isinstance(measures, str):
+            measures = [measures]
+        for measure in measures:
+            check_choice("measures", measure, CP.MEASURES)
+        #: The measures logged at ``test`` (all of them are in :attr:`test_report`).
+        self.measures = tuple(str(m) for m in measures)
         if isinstance(methods, str):
             methods = [methods]
         for m in methods:
@@ -114,7 +127,7 @@ class ConformalPrediction(Callback):
         self.fitted_at: dict[str, int] = {}
         #: Whether the thresholds were fitted on PostHocCalibration's probabilities.
         self.calibrated = False
-        #: The latest test's measures, by logged name.
+        #: The latest test's measures (every one of ``MEASURES``), by logged name.
         self.test_report: dict[str, float] = {}
         self._buffers: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
         self._posthoc: PostHocCalibration | None = None
@@ -197,7 +210,7 @@ class ConformalPrediction(Callback):
                 f"{list(logits.shape)} and {list(target.shape)}"
             )
         buffer = self._buffers.setdefault(stage, ([], []))
-        buffer[0].append(logits.detach().double())
+        buffer[0].append(logits.detach())  # float64 block by block when they are scored
         buffer[1].append(target.detach().long())
 
     def _gathered(self, trainer: pl.Trainer, stage: str) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -233,9 +246,9 @@ class ConformalPrediction(Callback):
         """The calibrator's probabilities when the thresholds were fitted on them, else softmax."""
         calibrator = self._posthoc.calibrator if self.calibrated and self._posthoc else None
         if calibrator is None:
-            return torch.softmax(logits, dim=1)
+            return torch.softmax(logits.double(), dim=1)
         with torch.no_grad():
-            return calibrator(logits).double().exp()
+            return calibrator(logits.double()).double().exp()
 
     def _scores_options(self, positions: Tensor, offset: int) -> dict[str, Any]:
         noise = self._uniform(positions, offset) if self.randomized else None
@@ -335,29 +348,38 @@ class ConformalPrediction(Callback):
         if gathered is None or not self._ready("test"):
             return
         logits, target, positions = gathered
-        probs = self._probs(logits)
-        report = {}
-        # each method's sets at each level as sums (one sort for every method, no [N, C] sets)
+        # each method's sets at each level as sums (one sort for every method, no [N, C] sets),
+        # a block of rows at a time: no [N, C] float64 copy of all the logits or probabilities
         levels = {method: q.tolist() for method, q in self.thresholds.items()}
-        statistics = CP.set_statistics_by_method(
-            probs,
-            target,
-            levels,
-            ignore_index=self.ignore_index,
-            **self._scores_options(positions, 2),
-        )
+        options = self._scores_options(positions, 2)
+        noise = options.pop("noise")
+        rows = max(1, CP.CHUNK_ELEMENTS // max(1, logits.shape[1]))
+        blocks = [
+            CP.set_statistics_by_method(
+                self._probs(logits[start : start + rows]),
+                target[start : start + rows],
+                levels,
+                ignore_index=self.ignore_index,
+                noise=None if noise is None else noise[start : start + rows],
+                **options,
+            )
+            for start in range(0, len(target), rows)
+        ]
+        statistics = {
+            method: [CP.summed_statistics(b[method][k] for b in blocks) for k in range(len(q))]
+            for method, q in levels.items()
+        }
+        report, logged = {}, []
         for method in self.thresholds:
             for a, stats in zip(self.alpha, statistics[method], strict=True):
-                key = f"test/conformal_{method}_{a:g}"
-                report[f"{key}_coverage"] = CP.coverage(stats)
-                report[f"{key}_size"] = CP.mean_set_size(stats)
-                report[f"{key}_empty"] = CP.empty_rate(stats)
-                report[f"{key}_singleton"] = CP.singleton_rate(stats)
-                report[f"{key}_sscv"] = CP.size_stratified_coverage_violation(stats, alpha=a)
-                report[f"{key}_coverage_gap"] = CP.class_coverage_gap(stats, alpha=a)
-        self.test_report = {k: float(v) for k, v in report.items()}
-        for name, value in self.test_report.items():
-            pl_module.log(name, value, on_epoch=True, sync_dist=False)
+                for measure, value in CP.all_measures(stats, alpha=a).items():
+                    key = f"test/conformal_{method}_{a:g}_{measure}"
+                    report[key] = float(value)
+                    if measure in self.measures:
+                        logged.append(key)
+        self.test_report = report
+        for key in logged:
+            pl_module.log(key, report[key], on_epoch=True, sync_dist=False)
 
     @override
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

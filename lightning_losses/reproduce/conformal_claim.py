@@ -131,14 +131,7 @@ def set_measures(sets: Tensor, target: Tensor) -> dict[str, float]:
     from lightning_losses.calibration import conformal as cp
 
     found = cp.set_statistics(sets, target)
-    return {
-        "coverage": float(cp.coverage(found)),
-        "size": float(cp.mean_set_size(found)),
-        "sscv": float(cp.size_stratified_coverage_violation(found, alpha=ALPHA)),
-        "empty": float(cp.empty_rate(found)),
-        "singleton": float(cp.singleton_rate(found)),
-        "coverage_gap": float(cp.class_coverage_gap(found, alpha=ALPHA)),
-    }
+    return {name: float(value) for name, value in cp.all_measures(found, alpha=ALPHA).items()}
 
 
 def arm_metrics(

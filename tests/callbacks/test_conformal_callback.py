@@ -123,7 +123,7 @@ def reference_thresholds(probs, target) -> dict[str, torch.Tensor]:
 
 
 @OTHER_CALLBACKS
-def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
+def test_thresholds_checkpoint_resume_test_and_predict(tmp_path, monkeypatch):
     torch.manual_seed(0)
     module = Plain()
     callback = conformal()
@@ -162,6 +162,22 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path):
             assert float(tester.callback_metrics[f"{key}_sscv"]) == pytest.approx(
                 float(CP.size_stratified_coverage_violation(sets, yt, alpha=a)), rel=1e-6
             )
+            sizes = sets.sum(1)
+            assert fresh.test_report[f"{key}_empty"] == float((sizes == 0).double().mean())
+            assert fresh.test_report[f"{key}_singleton"] == float((sizes == 1).double().mean())
+    # logged by default: every measure of every score and level, as in the report
+    names = [f"test/conformal_{m}_{a:g}" for m in METHODS for a in ALPHAS]
+    logged = {k for k in tester.callback_metrics if k.startswith("test/conformal_")}
+    assert logged == {f"{n}_{measure}" for n in names for measure in CP.MEASURES}
+    assert set(fresh.test_report) == logged
+    # measured a block of 7 rows at a time (the last one partial): the same sums
+    monkeypatch.setattr(CP, "CHUNK_ELEMENTS", 7 * CLASSES)
+    picky = conformal(measures=["empty", "singleton"])
+    picked = trainer(tmp_path, [picky, same_folder()])
+    picked.test(Plain(), loader(TEST), ckpt_path=tmp_path / "ckpt" / "last.ckpt", verbose=False)
+    logged = {k for k in picked.callback_metrics if k.startswith("test/conformal_")}
+    assert logged == {f"{n}_{measure}" for n in names for measure in ("empty", "singleton")}
+    assert picky.test_report == fresh.test_report
     # a resume of the finished fit keeps them (no epoch left to refit)
     resumed = conformal()
     trainer(tmp_path, [resumed, same_folder(save_top_k=0)]).fit(
@@ -211,6 +227,8 @@ def test_wrong_order_and_bad_arguments(tmp_path):
         ConformalPrediction(fraction=1.0)
     with pytest.raises(ValueError, match="method must be one of"):
         ConformalPrediction(methods=["thr"])
+    with pytest.raises(ValueError, match="measures must be one of 'coverage'"):
+        ConformalPrediction(measures=["size", "width"])
 
 
 @pytest.mark.slow

@@ -21,8 +21,11 @@ Example:
 
 from lightning_losses.calibration.conformal._inputs import METHODS
 from lightning_losses.calibration.conformal.measures import (
+    CHUNK_ELEMENTS,
     DEFAULT_STRATA,
+    MEASURES,
     SetStatistics,
+    all_measures,
     class_coverage_gap,
     coverage,
     empty_rate,
@@ -31,6 +34,7 @@ from lightning_losses.calibration.conformal.measures import (
     set_statistics_by_method,
     singleton_rate,
     size_stratified_coverage_violation,
+    summed_statistics,
 )
 from lightning_losses.calibration.conformal.metrics import ConformalThreshold, PredictionSetMetrics
 from lightning_losses.calibration.conformal.scores import (
@@ -46,13 +50,16 @@ from lightning_losses.calibration.conformal.threshold import (
 )
 
 __all__ = [
+    "CHUNK_ELEMENTS",
     "DEFAULT_STRATA",
+    "MEASURES",
     "METHODS",
     "ConformalThreshold",
     "PredictionSetMetrics",
     "SetStatistics",
     "all_label_scores",
     "all_label_scores_by_method",
+    "all_measures",
     "class_conditional_thresholds",
     "class_coverage_gap",
     "conformal_rank",
@@ -66,4 +73,5 @@ __all__ = [
     "set_statistics_by_method",
     "singleton_rate",
     "size_stratified_coverage_violation",
+    "summed_statistics",
 ]

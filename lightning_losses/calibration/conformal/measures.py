@@ -8,7 +8,7 @@ and processes, so the :class:`~.metrics.PredictionSetMetrics` built on them is e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -22,8 +22,11 @@ from lightning_losses.calibration.conformal.scores import (
 )
 
 __all__ = [
+    "CHUNK_ELEMENTS",
     "DEFAULT_STRATA",
+    "MEASURES",
     "SetStatistics",
+    "all_measures",
     "class_coverage_gap",
     "coverage",
     "empty_rate",
@@ -32,10 +35,19 @@ __all__ = [
     "set_statistics_by_method",
     "singleton_rate",
     "size_stratified_coverage_violation",
+    "summed_statistics",
 ]
 
 #: Angelopoulos et al.'s set-size strata for SSCV (TorchCP's default).
 DEFAULT_STRATA: tuple[tuple[int, int], ...] = ((0, 1), (2, 3), (4, 10), (11, 100), (101, 1000))
+
+#: Every measure of :func:`all_measures`, by name.
+MEASURES = ("coverage", "size", "empty", "singleton", "sscv", "coverage_gap")
+
+#: Rows per chunk of :func:`set_statistics_by_method`: about this many probabilities, so that
+#: its ``[rows, C]`` temporaries stay in the cache and the allocator's reuse (2 MiB in float64)
+#: instead of faulting in fresh pages for every one of a large batch.
+CHUNK_ELEMENTS = 1 << 18
 
 
 class SetStatistics(NamedTuple):
@@ -69,6 +81,22 @@ def set_statistics(
     rows, labels = rows_and_target(sets, target, ignore_index=ignore_index, name="sets")
     covered = rows.gather(1, labels[:, None])[:, 0]
     return _sums(covered, rows.sum(1), labels, sets.shape[1])
+
+
+def summed_statistics(parts: Iterable[SetStatistics]) -> SetStatistics:
+    """The :class:`SetStatistics` of several batches' sets together: each sum added up.
+
+    Example:
+        >>> a = set_statistics(torch.tensor([[True, False]]), torch.tensor([0]))
+        >>> summed_statistics([a, a]).class_covered
+        tensor([2., 0.], dtype=torch.float64)
+    """
+    total: SetStatistics | None = None
+    for part in parts:
+        total = part if total is None else SetStatistics(*map(torch.add, total, part))
+    if total is None:
+        raise ValueError("summed_statistics needs at least one SetStatistics")
+    return total
 
 
 def _sums(covered: Tensor, size: Tensor, labels: Tensor, classes: int) -> SetStatistics:
@@ -137,26 +165,75 @@ def set_statistics_by_method(
     if ignore_index is not None:
         u = u[(target != ignore_index).reshape(-1)]
     sorting = any(method != "lac" for method in thresholds)
-    ordered, rank = ranked_rows(rows, labels) if sorting else (None, None)
-    found: dict[str, list[SetStatistics]] = {}
-    for method, levels in thresholds.items():
-        if ordered is None or rank is None:  # LAC alone: its scores in label order
-            scores = 1.0 - rows
-            true_score = scores.gather(1, labels[:, None])[:, 0]
-        else:  # in rank order: LAC's 1 - p too, the same numbers
-            if method == "lac":
-                scores = 1.0 - ordered
-            else:
-                scores = sorted_order_scores(
-                    ordered, u, method=method, k_reg=k_reg, lam=lam, weight=weight
-                )
-            true_score = scores.gather(1, rank)[:, 0]
-        increasing = ordered is not None and bool((scores[:, 1:] >= scores[:, :-1]).all())
-        found[method] = [
-            _sums(true_score <= q, _sizes(scores, q, increasing), labels, probs.shape[1])
-            for q in levels
+    # per (method, level): whether each set holds its label, and its size, chunk by chunk
+    covered: dict[str, list[list[Tensor]]] = {m: [[] for _ in q] for m, q in thresholds.items()}
+    sizes: dict[str, list[list[Tensor]]] = {m: [[] for _ in q] for m, q in thresholds.items()}
+    step = max(1, CHUNK_ELEMENTS // max(1, rows.shape[1]))
+    # Where a row's scores never decrease in rank order, its set size is a binary search. In
+    # rank order 1 - p and r + 1 - U never decrease (rounding is monotone). Without draws, the
+    # cumulative sums of APS, RAPS and SAPS never decrease either where the steps are >= 0 (the
+    # sorted row's last, smallest, probability; lam >= 0 and weight > 0) and the sum is
+    # accumulated in order, as torch's CPU cumsum does (a rounded sum of one more term >= 0 is
+    # never smaller); otherwise the rows are checked.
+    sums_rise = rows.is_cpu and not bool(u.ne(0).any())
+    # two [step, C] buffers and one of booleans, reused by every chunk
+    work = rows.new_empty((2, min(step, rows.shape[0]), rows.shape[1]))
+    rising = torch.empty(
+        (work.shape[1], max(0, rows.shape[1] - 1)), dtype=torch.bool, device=rows.device
+    )
+    for start in range(0, rows.shape[0], step):
+        part = slice(start, start + step)
+        chunk, chunk_labels = rows[part], labels[part]
+        m = chunk.shape[0]
+        ordered, rank = None, None
+        if sorting:
+            ordered, rank = ranked_rows(chunk, chunk_labels, out=work[0, :m])
+        for method, levels in thresholds.items():
+            if ordered is None or rank is None:  # LAC alone: its scores in label order
+                scores = 1.0 - chunk
+                true_score = scores.gather(1, chunk_labels[:, None])[:, 0]
+            else:  # in rank order: LAC's 1 - p too (-p + 1: the same numbers)
+                if method == "lac":
+                    scores = torch.neg(ordered, out=work[1, :m]).add_(1.0)
+                else:
+                    scores = sorted_order_scores(
+                        ordered,
+                        u[part],
+                        method=method,
+                        k_reg=k_reg,
+                        lam=lam,
+                        weight=weight,
+                        out=work[1, :m],
+                    )
+                true_score = scores.gather(1, rank)[:, 0]
+            increasing = ordered is not None and (
+                method in ("lac", "top_k")
+                or (sums_rise and bool((ordered[:, -1] >= 0).all()))
+                or bool(torch.ge(scores[:, 1:], scores[:, :-1], out=rising[:m]).all())
+            )
+            for k, q in enumerate(levels):
+                covered[method][k].append(true_score <= q)
+                sizes[method][k].append(_sizes(scores, q, increasing))
+    classes = probs.shape[1]
+    return {
+        method: [
+            _sums(
+                _joined(covered[method][k], torch.bool, labels.device),
+                _joined(sizes[method][k], torch.long, labels.device),
+                labels,
+                classes,
+            )
+            for k in range(len(levels))
         ]
-    return found
+        for method, levels in thresholds.items()
+    }
+
+
+def _joined(parts: list[Tensor], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The chunks' ``[m]`` vectors end to end (an empty one of ``dtype`` when there are none)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
 
 
 def _stats(
@@ -273,3 +350,24 @@ def class_coverage_gap(
     present = s.class_count > 0
     per_class = s.class_covered[present] / s.class_count[present]
     return (per_class - (1.0 - alpha)).abs().mean()
+
+
+def all_measures(
+    stats: SetStatistics, *, alpha: float, strata: Sequence[tuple[int, int]] = DEFAULT_STRATA
+) -> dict[str, Tensor]:
+    """Every measure of :data:`MEASURES` of one score's sets at level ``alpha``, float64 scalars.
+
+    Example:
+        >>> sets = torch.tensor([[True, False], [True, True], [False, False]])
+        >>> m = all_measures(set_statistics(sets, torch.tensor([0, 1, 1])), alpha=0.1)
+        >>> float(m["coverage"]), float(m["size"]), float(m["empty"])
+        (0.6666666666666666, 1.0, 0.3333333333333333)
+    """
+    return {
+        "coverage": coverage(stats),
+        "size": mean_set_size(stats),
+        "empty": empty_rate(stats),
+        "singleton": singleton_rate(stats),
+        "sscv": size_stratified_coverage_violation(stats, alpha=alpha, strata=strata),
+        "coverage_gap": class_coverage_gap(stats, alpha=alpha),
+    }

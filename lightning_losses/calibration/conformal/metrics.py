@@ -189,12 +189,4 @@ class PredictionSetMetrics(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """The measures as float64 scalars."""
-        s = self.statistics()
-        return {
-            "coverage": M.coverage(s),
-            "size": M.mean_set_size(s),
-            "empty": M.empty_rate(s),
-            "singleton": M.singleton_rate(s),
-            "sscv": M.size_stratified_coverage_violation(s, alpha=self.alpha, strata=self.strata),
-            "coverage_gap": M.class_coverage_gap(s, alpha=self.alpha),
-        }
+        return M.all_measures(self.statistics(), alpha=self.alpha, strata=self.strata)

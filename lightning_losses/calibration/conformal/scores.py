@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -177,50 +176,71 @@ def sorted_order_scores(
     k_reg: int = 1,
     lam: float = 0.01,
     weight: float = 0.2,
+    out: Tensor | None = None,
 ) -> Tensor:
     """A sorting method's scores in rank order: entry ``[m, r]`` is the score of rank ``r``.
 
     ``ordered`` is ``[M, C]`` rows sorted in decreasing order (stably), ``u`` the ``[M]``
     draws; :func:`class_scores` is this scattered back to label order, the same numbers.
+    ``out``: a contiguous ``[M, C]`` tensor of ``ordered``'s dtype to write them into (one
+    buffer reused over the chunks of a large batch, which would otherwise fault in fresh pages
+    for every temporary).
 
     Example:
         >>> sorted_order_scores(torch.tensor([[0.5, 0.3, 0.2]]), torch.zeros(1), method="aps")
         tensor([[0.5000, 0.8000, 1.0000]])
     """
+    scores = _contiguous_like(ordered) if out is None else out
     rank = torch.arange(ordered.shape[1], device=ordered.device, dtype=ordered.dtype)
     u = u[:, None]
     if method == "top_k":
-        sorted_scores = (rank + 1.0) - u
-    elif method == "saps":  # TorchCP's sums: the cumulative sum of p_max, weight, weight, ...
-        steps = ordered.clone()
-        steps[:, 1:] = weight
-        sorted_scores = steps.cumsum(1) - u * steps
-    else:
-        sorted_scores = ordered.cumsum(1) - u * ordered
-        if method == "raps":
-            sorted_scores = sorted_scores + lam * (rank + 1.0 - k_reg).clamp(min=0.0)
-    return sorted_scores
+        return torch.sub(rank + 1.0, u, out=scores)
+    # In place: the same numbers as ``cumsum - u * steps`` (+ the penalty). Without draws
+    # (U = 0) the product is skipped: ``c - 0 * p`` is ``c`` for finite ``p``.
+    draws = bool(u.ne(0).any())
+    if method == "saps":  # TorchCP's sums: the cumulative sum of p_max, weight, weight, ...
+        scores.fill_(weight)
+        scores[:, 0] = ordered[:, 0]
+        scores.cumsum_(1)
+        if draws:  # minus U times each step: U p_max at rank 0, U weight after it
+            scores[:, 0].sub_(u[:, 0] * ordered[:, 0])
+            scores[:, 1:].sub_(u * weight)
+        return scores
+    torch.cumsum(ordered, 1, out=scores)
+    if draws:
+        scores.sub_(u * ordered)
+    if method == "raps":
+        scores.add_(lam * (rank + 1.0 - k_reg).clamp(min=0.0))
+    return scores
 
 
-def ranked_rows(rows: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+def _contiguous_like(like: Tensor) -> Tensor:
+    """An uninitialised contiguous tensor of ``like``'s shape, dtype and device."""
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
+def ranked_rows(
+    rows: Tensor, labels: Tensor, *, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """``[M, C]`` rows sorted in decreasing order, and the 0-based rank ``[M, 1]`` of each label.
 
     What a stable descending sort gives (the rank of ``y``: the classes of a larger probability,
     plus those of an equal one at a smaller index), without the sort's permutation: the values
-    alone are sorted (on a CPU by NumPy for float32 and float64, about 10x faster than
+    alone are sorted (on a CPU by NumPy for float32 and float64, in place, about 10x faster than
     :func:`torch.sort` at ``[20,000, 100]``), and each rank is found by a binary search of the
     label's probability in its sorted row, the ties counted only in rows that have them.
+    ``out``: a contiguous ``[M, C]`` tensor of ``rows``' dtype for the sorted rows.
 
     Example:
         >>> ordered, rank = ranked_rows(torch.tensor([[0.2, 0.5, 0.3]]), torch.tensor([2]))
         >>> ordered, rank
         (tensor([[0.5000, 0.3000, 0.2000]]), tensor([[1]]))
     """
-    negated = rows.neg()  # ascending order of -p is descending order of p
+    negated = torch.neg(rows.detach(), out=_contiguous_like(rows) if out is None else out)
     if negated.is_cpu and negated.dtype in (torch.float32, torch.float64):
-        negated = torch.from_numpy(np.sort(negated.detach().numpy(), axis=1))
+        negated.numpy().sort(axis=1)  # ascending -p is descending p; np.sort without its copy
     else:
-        negated = negated.sort(dim=1).values
+        negated.copy_(negated.sort(dim=1).values)
     minus_p_y = rows.gather(1, labels[:, None]).neg()
     rank = torch.searchsorted(negated, minus_p_y)  # classes of a larger probability
     tied = (torch.searchsorted(negated, minus_p_y, right=True) - rank)[:, 0] > 1

@@ -17,6 +17,7 @@ from lightning_losses.calibration.conformal import (
     coverage,
     empty_rate,
     mean_set_size,
+    measures,
     prediction_sets,
     set_statistics,
     set_statistics_by_method,
@@ -187,9 +188,14 @@ def test_scores_by_method_equal_each_methods_scores_bit_for_bit(shape) -> None:
         all_label_scores_by_method(probs, ["aps", "thr"])
 
 
+@pytest.mark.parametrize("chunk", [None, 50], ids=["one-chunk", "chunks-of-50-probs"])
 @pytest.mark.parametrize("shape", [(64, 7), (8, 5, 3, 2)])
 @pytest.mark.parametrize("randomized", [True, False])
-def test_statistics_by_method_equal_those_of_the_sets_bit_for_bit(shape, randomized) -> None:
+def test_statistics_by_method_equal_those_of_the_sets_bit_for_bit(
+    shape, randomized, chunk, monkeypatch
+) -> None:
+    if chunk is not None:  # rows taken a few at a time, the last chunk a partial one
+        monkeypatch.setattr(measures, "CHUNK_ELEMENTS", chunk)
     g = torch.Generator().manual_seed(5)
     probs = torch.randn(shape, generator=g).mul(2).softmax(1)
     probs[0, :2] = probs[0, :2].mean()  # a tie: the stable sort's order decides
@@ -216,3 +222,26 @@ def test_statistics_by_method_equal_those_of_the_sets_bit_for_bit(shape, randomi
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
     with pytest.raises(ValueError, match="method must be one of"):
         set_statistics_by_method(probs, target, {"thr": [0.5]})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_cumulative_sums_of_steps_at_least_zero_never_decrease(dtype) -> None:
+    # set_statistics_by_method finds the set sizes of deterministic APS, RAPS and SAPS by binary
+    # search without checking each row, because torch's CPU cumsum adds the terms in order: this
+    # fails if a torch release sums otherwise (pairwise, blockwise) and a row's sums then dip
+    g = torch.Generator().manual_seed(11)
+    magnitudes = 10.0 ** torch.randint(-30, 1, (4000, 1000), generator=g).to(torch.float64)
+    probs = torch.rand(4000, 1000, generator=g, dtype=torch.float64) * magnitudes
+    probs = (probs / probs.sum(1, keepdim=True)).to(dtype)
+    ordered = probs.sort(1, descending=True).values  # rank order, as the scores are summed
+    sums = ordered.cumsum(1)
+    assert bool((sums[:, 1:] >= sums[:, :-1]).all())
+    # the sizes by binary search equal the counts of scores <= q, at levels inside the sums
+    target = torch.randint(0, 1000, (4000,), generator=g)
+    levels = [sums[:, r].median().item() for r in (3, 30, 500)]
+    found = set_statistics_by_method(probs, target, {"aps": levels}, randomized=False)["aps"]
+    scores = all_label_scores_by_method(probs, ["aps"], randomized=False)["aps"]
+    for q, statistics in zip(levels, found, strict=True):
+        expected = set_statistics(scores <= q, target)
+        assert torch.equal(statistics.size_count, expected.size_count), q
+        assert torch.equal(statistics.class_covered, expected.class_covered), q
