@@ -171,8 +171,8 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path, monkeypatch):
     logged = {k for k in tester.callback_metrics if k.startswith("test/conformal_")}
     assert logged == {f"{n}_{measure}" for n in names for measure in shown}
     assert set(fresh.test_report) == {f"{n}_{measure}" for n in names for measure in CP.MEASURES}
-    # measured a block of 7 rows at a time (the last one partial): the same sums
-    monkeypatch.setattr(CP, "CHUNK_ELEMENTS", 7 * CLASSES)
+    # measured a block of 7 rows at a time (200 test rows: the last block partial): the same sums
+    monkeypatch.setattr(CP, "CHUNK_ELEMENTS", 7)  # 4 * 7 // 4 classes: 7 rows a block
     picky = conformal(measures=["empty", "singleton"])
     picked = trainer(tmp_path, [picky, same_folder()])
     picked.test(Plain(), loader(TEST), ckpt_path=tmp_path / "ckpt" / "last.ckpt", verbose=False)
