@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_losses.callbacks import LinearSchedule, LossScheduler
+from lightning_losses.functional import margin
 from lightning_losses.functional.margin import mbls_loss
 from lightning_losses.losses import MbLSLoss
 
@@ -29,6 +30,14 @@ RTOL = 1e-10
 IGNORE = -100
 SHAPES = [(7, 5), (3, 4, 6), (2, 3, 2, 3)]
 HYPER = [(10.0, 0.1), (2.0, 0.5), (0.0, 1.0)]  # (margin, alpha): the defaults and harder hinges
+
+
+@pytest.fixture(autouse=True, params=["small-rows", "fused"])
+def path(request, monkeypatch):
+    """Every test on both CPU paths: PyTorch's ops for small logits, the fused function."""
+    if request.param == "fused":  # no batch is small enough for the composite path
+        monkeypatch.setattr(margin, "SMALL_ROWS_ELEMENTS", -1)
+    return request.param
 
 
 # --- the authors' formula, transcribed -----------------------------------------------------------
