@@ -185,9 +185,10 @@ def set_statistics_by_method(
         part = slice(start, start + step)
         chunk, chunk_labels = rows[part], labels[part]
         m = chunk.shape[0]
-        ordered, rank = None, None
+        ordered, rank, steps_nonnegative = None, None, False
         if sorting:
             ordered, rank = ranked_rows(chunk, chunk_labels, out=work[0, :m])
+            steps_nonnegative = sums_rise and bool((ordered[:, -1] >= 0).all())
         for method, levels in thresholds.items():
             if ordered is None or rank is None:  # LAC alone: its scores in label order
                 scores = 1.0 - chunk
@@ -208,7 +209,7 @@ def set_statistics_by_method(
                 true_score = scores.gather(1, rank)[:, 0]
             increasing = ordered is not None and (
                 method in ("lac", "top_k")
-                or (sums_rise and bool((ordered[:, -1] >= 0).all()))
+                or steps_nonnegative
                 or bool(torch.ge(scores[:, 1:], scores[:, :-1], out=rising[:m]).all())
             )
             for k, q in enumerate(levels):
