@@ -44,6 +44,9 @@ from lightning_losses.functional.checks import (
 )
 from lightning_losses.warning import LightningLossesWarning
 
+#: Probabilities per block of the test's statistics (see ``on_test_epoch_end``).
+BLOCK_ELEMENTS = 1 << 20
+
 __all__ = ["ConformalPrediction"]
 
 
@@ -246,7 +249,7 @@ class ConformalPrediction(Callback):
         """The calibrator's probabilities when the thresholds were fitted on them, else softmax."""
         calibrator = self._posthoc.calibrator if self.calibrated and self._posthoc else None
         if calibrator is None:
-            return torch.softmax(logits.double(), dim=1)
+            return torch.softmax(logits, dim=1, dtype=torch.float64)  # of logits.double()
         with torch.no_grad():
             return calibrator(logits.double()).double().exp()
 
@@ -350,13 +353,13 @@ class ConformalPrediction(Callback):
         logits, target, positions = gathered
         # each method's sets at each level as sums (one sort for every method, no [N, C] sets),
         # a block of rows at a time: no [N, C] float64 copy of all the logits or probabilities.
-        # Four of the statistics' chunks a block (8 MiB of float64 probabilities): at [100,000,
-        # 100] one chunk a block took ~10% longer (each call's set-up), 16 faulted in the pages
-        # of every block's softmax anew (3x the softmax's time)
+        # Blocks of 2^20 probabilities (8 MiB of float64, two of the statistics' chunks): at
+        # [100,000, 100] blocks of 2^18 took ~10% longer (each call's set-up), of 2^22 faulted
+        # in the pages of every block's softmax anew (3x the softmax's time)
         levels = {method: q.tolist() for method, q in self.thresholds.items()}
         options = self._scores_options(positions, 2)
         noise = options.pop("noise")
-        rows = max(1, 4 * CP.CHUNK_ELEMENTS // max(1, logits.shape[1]))
+        rows = max(1, BLOCK_ELEMENTS // max(1, logits.shape[1]))
         blocks = [
             CP.set_statistics_by_method(
                 self._probs(logits[start : start + rows]),

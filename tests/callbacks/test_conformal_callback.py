@@ -19,9 +19,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_losses.calibration import conformal as CP
+from lightning_losses.calibration.conformal import measures
 from lightning_losses.calibration.posthoc import get_calibrator
 from lightning_losses.calibration.posthoc.select import select_calibrator
 from lightning_losses.callbacks import ConformalPrediction, PostHocCalibration
+from lightning_losses.callbacks import conformal as conformal_callback
 
 OTHER_CALLBACKS = pytest.mark.filterwarnings(
     "ignore:Be aware that when using `ckpt_path`:UserWarning"
@@ -172,7 +174,8 @@ def test_thresholds_checkpoint_resume_test_and_predict(tmp_path, monkeypatch):
     assert logged == {f"{n}_{measure}" for n in names for measure in shown}
     assert set(fresh.test_report) == {f"{n}_{measure}" for n in names for measure in CP.MEASURES}
     # measured a block of 7 rows at a time (200 test rows: the last block partial): the same sums
-    monkeypatch.setattr(CP, "CHUNK_ELEMENTS", 7)  # 4 * 7 // 4 classes: 7 rows a block
+    monkeypatch.setattr(conformal_callback, "BLOCK_ELEMENTS", 28)  # 4 classes: 7 rows a block
+    monkeypatch.setattr(measures, "CHUNK_ELEMENTS", 12)  # and 3 rows a chunk of a block
     picky = conformal(measures=["empty", "singleton"])
     picked = trainer(tmp_path, [picky, same_folder()])
     picked.test(Plain(), loader(TEST), ckpt_path=tmp_path / "ckpt" / "last.ckpt", verbose=False)

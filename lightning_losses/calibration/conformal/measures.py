@@ -44,10 +44,11 @@ DEFAULT_STRATA: tuple[tuple[int, int], ...] = ((0, 1), (2, 3), (4, 10), (11, 100
 #: Every measure of :func:`all_measures`, by name.
 MEASURES = ("coverage", "size", "empty", "singleton", "sscv", "coverage_gap")
 
-#: Rows per chunk of :func:`set_statistics_by_method`: about this many probabilities, so that
-#: its ``[rows, C]`` temporaries stay in the cache and the allocator's reuse (2 MiB in float64)
-#: instead of faulting in fresh pages for every one of a large batch.
-CHUNK_ELEMENTS = 1 << 18
+#: Rows per chunk of :func:`set_statistics_by_method`: about this many probabilities (4 MiB in
+#: float64), so that its two ``[rows, C]`` buffers stay in the last-level cache and every chunk
+#: reuses them instead of faulting in fresh pages for the temporaries of a large batch (2^19
+#: took 5-15% less time than 2^18 at ``[100,000, 100]``, fewer calls for the same work).
+CHUNK_ELEMENTS = 1 << 19
 
 
 class SetStatistics(NamedTuple):
@@ -110,14 +111,6 @@ def _sums(covered: Tensor, size: Tensor, labels: Tensor, classes: int) -> SetSta
     )
 
 
-def _sizes(scores: Tensor, q: float, increasing: bool) -> Tensor:
-    """``[M]`` counts of ``scores <= q`` per row; by binary search where rows are sorted."""
-    if not increasing:
-        return (scores <= q).sum(1)
-    level = torch.full((scores.shape[0], 1), q, dtype=scores.dtype, device=scores.device)
-    return torch.searchsorted(scores, level, right=True)[:, 0]
-
-
 def set_statistics_by_method(
     probs: Tensor,
     target: Tensor,
@@ -165,10 +158,19 @@ def set_statistics_by_method(
     if ignore_index is not None:
         u = u[(target != ignore_index).reshape(-1)]
     sorting = any(method != "lac" for method in thresholds)
-    # per (method, level): whether each set holds its label, and its size, chunk by chunk
-    covered: dict[str, list[list[Tensor]]] = {m: [[] for _ in q] for m, q in thresholds.items()}
-    sizes: dict[str, list[list[Tensor]]] = {m: [[] for _ in q] for m, q in thresholds.items()}
     step = max(1, CHUNK_ELEMENTS // max(1, rows.shape[1]))
+    # each method's levels as a row [1, L] in the scores' dtype (what `score <= q` compares
+    # against), and as [step, L] rows for the binary searches of every level at once
+    level_rows = {
+        m: torch.tensor([list(q)], dtype=rows.dtype, device=rows.device)
+        for m, q in thresholds.items()
+    }
+    searched = {
+        m: q.expand(min(step, rows.shape[0]), -1).contiguous() for m, q in level_rows.items()
+    }
+    # per method: [m, L] whether each set holds its label, and its size, chunk by chunk
+    covered: dict[str, list[Tensor]] = {m: [] for m in thresholds}
+    sizes: dict[str, list[Tensor]] = {m: [] for m in thresholds}
     # Where a row's scores never decrease in rank order, its set size is a binary search. In
     # rank order 1 - p and r + 1 - U never decrease (rounding is monotone). Without draws, the
     # cumulative sums of APS, RAPS and SAPS never decrease either where the steps are >= 0 (the
@@ -176,6 +178,7 @@ def set_statistics_by_method(
     # accumulated in order, as torch's CPU cumsum does (a rounded sum of one more term >= 0 is
     # never smaller); otherwise the rows are checked.
     sums_rise = rows.is_cpu and not bool(u.ne(0).any())
+    one = torch.ones((), dtype=rows.dtype, device=rows.device)
     # two [step, C] buffers and one of booleans, reused by every chunk
     work = rows.new_empty((2, min(step, rows.shape[0]), rows.shape[1]))
     rising = torch.empty(
@@ -189,13 +192,13 @@ def set_statistics_by_method(
         if sorting:
             ordered, rank = ranked_rows(chunk, chunk_labels, out=work[0, :m])
             steps_nonnegative = sums_rise and bool((ordered[:, -1] >= 0).all())
-        for method, levels in thresholds.items():
+        for method in thresholds:
             if ordered is None or rank is None:  # LAC alone: its scores in label order
                 scores = 1.0 - chunk
-                true_score = scores.gather(1, chunk_labels[:, None])[:, 0]
-            else:  # in rank order: LAC's 1 - p too (-p + 1: the same numbers)
+                true_score = scores.gather(1, chunk_labels[:, None])
+            else:  # in rank order: LAC's 1 - p too
                 if method == "lac":
-                    scores = torch.neg(ordered, out=work[1, :m]).add_(1.0)
+                    scores = torch.sub(one, ordered, out=work[1, :m])
                 else:
                     scores = sorted_order_scores(
                         ordered,
@@ -206,35 +209,32 @@ def set_statistics_by_method(
                         weight=weight,
                         out=work[1, :m],
                     )
-                true_score = scores.gather(1, rank)[:, 0]
+                true_score = scores.gather(1, rank)
             increasing = ordered is not None and (
                 method in ("lac", "top_k")
                 or steps_nonnegative
                 or bool(torch.ge(scores[:, 1:], scores[:, :-1], out=rising[:m]).all())
             )
-            for k, q in enumerate(levels):
-                covered[method][k].append(true_score <= q)
-                sizes[method][k].append(_sizes(scores, q, increasing))
+            covered[method].append(true_score <= level_rows[method])
+            if increasing:  # every level's size by one binary search per row
+                sizes[method].append(torch.searchsorted(scores, searched[method][:m], right=True))
+            else:
+                counts = [(scores <= q).sum(1) for q in level_rows[method][0]]
+                sizes[method].append(torch.stack(counts, 1) if counts else true_score[:, :0].long())
     classes = probs.shape[1]
-    return {
-        method: [
-            _sums(
-                _joined(covered[method][k], torch.bool, labels.device),
-                _joined(sizes[method][k], torch.long, labels.device),
-                labels,
-                classes,
-            )
-            for k in range(len(levels))
-        ]
-        for method, levels in thresholds.items()
-    }
+    found = {}
+    for method, levels in thresholds.items():
+        held = _joined(covered[method], torch.bool, labels.device, len(levels))
+        size = _joined(sizes[method], torch.long, labels.device, len(levels))
+        found[method] = [_sums(held[:, k], size[:, k], labels, classes) for k in range(len(levels))]
+    return found
 
 
-def _joined(parts: list[Tensor], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The chunks' ``[m]`` vectors end to end (an empty one of ``dtype`` when there are none)."""
+def _joined(parts: list[Tensor], dtype: torch.dtype, device: torch.device, levels: int) -> Tensor:
+    """The chunks' ``[m, L]`` tensors end to end (an empty ``[0, L]`` one when there are none)."""
     if len(parts) == 1:
         return parts[0]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
+    return torch.cat(parts) if parts else torch.zeros(0, levels, dtype=dtype, device=device)
 
 
 def _stats(

@@ -228,7 +228,8 @@ def ranked_rows(
     plus those of an equal one at a smaller index), without the sort's permutation: the values
     alone are sorted (on a CPU by NumPy for float32 and float64, in place, about 10x faster than
     :func:`torch.sort` at ``[20,000, 100]``), and each rank is found by a binary search of the
-    label's probability in its sorted row, the ties counted only in rows that have them.
+    label's probability in its sorted row, the ties counted only in rows that have them (where the
+    next sorted value equals the label's).
     ``out``: a contiguous ``[M, C]`` tensor of ``rows``' dtype for the sorted rows.
 
     Example:
@@ -243,7 +244,10 @@ def ranked_rows(
         negated.copy_(negated.sort(dim=1).values)
     minus_p_y = rows.gather(1, labels[:, None]).neg()
     rank = torch.searchsorted(negated, minus_p_y)  # classes of a larger probability
-    tied = (torch.searchsorted(negated, minus_p_y, right=True) - rank)[:, 0] > 1
+    # -p_y is at position rank (its first occurrence); another class holds it iff the next
+    # sorted value is -p_y too
+    following = negated.gather(1, (rank + 1).clamp_(max=max(0, rows.shape[1] - 1)))
+    tied = ((following == minus_p_y) & (rank + 1 < rows.shape[1]))[:, 0]
     if bool(tied.any()):  # equal probabilities at smaller indices come first
         where = tied.nonzero()[:, 0]
         classes = torch.arange(rows.shape[1], device=rows.device)

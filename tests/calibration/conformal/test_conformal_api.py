@@ -24,6 +24,7 @@ from lightning_losses.calibration.conformal import (
     singleton_rate,
     size_stratified_coverage_violation,
 )
+from lightning_losses.calibration.conformal.scores import ranked_rows
 from lightning_losses.warning import LightningLossesWarning
 
 PROBS = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
@@ -245,3 +246,17 @@ def test_cpu_cumulative_sums_of_steps_at_least_zero_never_decrease(dtype) -> Non
         expected = set_statistics(scores <= q, target)
         assert torch.equal(statistics.size_count, expected.size_count), q
         assert torch.equal(statistics.class_covered, expected.class_covered), q
+
+
+@pytest.mark.parametrize("classes", [1, 2, 6])
+def test_ranked_rows_give_the_stable_descending_sort_and_each_labels_rank(classes) -> None:
+    # probabilities on a coarse grid, so ties are everywhere: first, middle and last places
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, 4, (500, classes), generator=g).to(torch.float64) / 4
+    rows[:5] = 0.25  # rows of one value throughout
+    labels = torch.randint(0, classes, (500,), generator=g)
+    ordered, rank = ranked_rows(rows, labels)
+    values, order = rows.sort(dim=1, descending=True, stable=True)
+    assert torch.equal(ordered, values)
+    # the stable sort's place of each label, found in its permutation
+    assert torch.equal(rank[:, 0], (order == labels[:, None]).int().argmax(1))
