@@ -38,6 +38,7 @@ import contextlib
 import cProfile
 import io
 import itertools
+import math
 import os
 import pstats
 import socket
@@ -311,33 +312,69 @@ def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def measure(kind: str, names: list[str], epochs: int, repeats: int) -> dict[str, tuple]:
-    """Per variant: (wall s/epoch, CPU s/epoch, wall ms/step, CPU ms/step, epochs counted).
+    """Per variant: (wall s/epoch, CPU s/epoch, wall ms/step, CPU ms/step, epochs, fit means).
 
     Medians; CPU is the training thread's own time (``time.thread_time``), which a loaded
     machine changes much less than the wall clock (and which leaves out a logging thread).
+    ``fit means``: each fit's mean (wall, CPU) seconds per counted epoch, in repeat order, for
+    the ratios of the variants fitted in the same repeat (:func:`paired_ratio`).
     """
     epoch_times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     step_times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    fit_means: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     with store(kind) as uri:
         fit("plain", uri, 2)  # warm-up: imports, the store's tables, the data cache
+        started = time.perf_counter()
         for repeat in range(repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
                 clock = fit(name, uri, epochs)
-                epoch_times[name] += clock.epoch_seconds()
+                epochs_of_fit = clock.epoch_seconds()
+                epoch_times[name] += epochs_of_fit
                 step_times[name] += clock.step_seconds()
-                wall, cpu = medians(clock.epoch_seconds())
+                fit_means[name].append(
+                    (
+                        statistics.fmean(e[0] for e in epochs_of_fit),
+                        statistics.fmean(e[1] for e in epochs_of_fit),
+                    )
+                )
+                wall, cpu = medians(epochs_of_fit)
+                left = (time.perf_counter() - started) / (repeat + 1) * (repeats - repeat - 1)
                 print(
                     f"  [{kind} {repeat + 1}/{repeats}] {name}: {wall:.4f} s/epoch "
-                    f"({cpu:.4f} s CPU)",
+                    f"({cpu:.4f} s CPU), ETA {left:.0f} s",
                     file=sys.stderr,
                 )
     results = {}
     for name in names:
         wall, cpu = medians(epoch_times[name])
         step_wall, step_cpu = medians(step_times[name])
-        results[name] = (wall, cpu, 1000 * step_wall, 1000 * step_cpu, len(epoch_times[name]))
+        results[name] = (
+            wall,
+            cpu,
+            1000 * step_wall,
+            1000 * step_cpu,
+            len(epoch_times[name]),
+            fit_means[name],
+        )
     return results
+
+
+def paired_ratio(variant: list[float], baseline: list[float]) -> str:
+    """``g (low-high)``: the geometric mean of the repeats' ratios, 95% Student-t interval.
+
+    Each repeat fits every variant once, so ``variant[k] / baseline[k]`` is a pair measured
+    minutes apart at most; the interval is that of the mean log ratio (t with ``n - 1``
+    degrees of freedom), exponentiated.
+    """
+    from scipy import stats
+
+    logs = [math.log(v / b) for v, b in zip(variant, baseline, strict=True)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return f"{math.exp(mean):.3f}"
+    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return f"{math.exp(mean):.3f} ({math.exp(mean - half):.3f}-{math.exp(mean + half):.3f})"
 
 
 def profile(kind: str, epochs: int) -> None:
@@ -368,6 +405,8 @@ def report(kind: str, results: dict[str, tuple], markdown: bool) -> None:
         "CPU ms / step",
         "- plain",
         "epochs",
+        "repeats' ratios to plain: geometric mean (95% t-interval)",
+        "the same, CPU",
     )
     print(f"\n{kind}:\n")
     if markdown:
@@ -375,7 +414,7 @@ def report(kind: str, results: dict[str, tuple], markdown: bool) -> None:
         print("|---|" + "---:|" * (len(header) - 1))
     else:
         print("  ".join(header))
-    for name, (wall, cpu, step, step_cpu, count) in results.items():
+    for name, (wall, cpu, step, step_cpu, count, means) in results.items():
         cells = (
             name,
             f"{wall:.4f}",
@@ -387,11 +426,13 @@ def report(kind: str, results: dict[str, tuple], markdown: bool) -> None:
             f"{step_cpu:.2f}",
             f"{step_cpu - plain[3]:+.2f}",
             str(count),
+            paired_ratio([m[0] for m in means], [m[0] for m in plain[5]]),
+            paired_ratio([m[1] for m in means], [m[1] for m in plain[5]]),
         )
         print("| " + " | ".join(cells) + " |" if markdown else "  ".join(cells))
     print()
     for name in (n for n in results if n.startswith("full - ")):
-        wall, cpu, step, step_cpu, _ = results[name]
+        wall, cpu, step, step_cpu, _, _ = results[name]
         print(
             f"cost of {name[7:]}: {full[0] - wall:+.4f} s/epoch ({full[1] - cpu:+.4f} s CPU), "
             f"{full[2] - step:+.2f} ms/step ({full[3] - step_cpu:+.2f} ms CPU)"
