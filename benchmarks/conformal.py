@@ -224,15 +224,12 @@ def geometric_mean_interval(ratios: list[float]) -> str:
     The interval of the mean log ratio over the pairs (t with ``n - 1`` degrees of freedom),
     exponentiated: the pairs' ratio the loop settles at, with the noise of ``n`` pairs.
     """
-    from scipy import stats
+    from lightning_losses.compare.decide import t_interval
 
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    mean = statistics.fmean(logs)
-    if n < 2:
-        return f"{math.exp(mean):.2f}"
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
-    return f"{math.exp(mean):.2f} ({math.exp(mean - half):.2f}-{math.exp(mean + half):.2f})"
+    mean, low, high = (math.exp(x) for x in t_interval([math.log(r) for r in ratios]))
+    if len(ratios) < 2:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ({low:.2f}-{high:.2f})"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -367,14 +367,13 @@ def paired_ratio(variant: list[float], baseline: list[float]) -> str:
     minutes apart at most; the interval is that of the mean log ratio (t with ``n - 1``
     degrees of freedom), exponentiated.
     """
-    from scipy import stats
+    from lightning_losses.compare.decide import t_interval
 
     logs = [math.log(v / b) for v, b in zip(variant, baseline, strict=True)]
-    mean = statistics.fmean(logs)
+    mean, low, high = (math.exp(x) for x in t_interval(logs))
     if len(logs) < 2:
-        return f"{math.exp(mean):.3f}"
-    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return f"{math.exp(mean):.3f} ({math.exp(mean - half):.3f}-{math.exp(mean + half):.3f})"
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ({low:.3f}-{high:.3f})"
 
 
 def profile(kind: str, epochs: int) -> None:
